@@ -1,0 +1,1 @@
+"""The `attnlab` command line: one thin subcommand per job (see `main.py`)."""
