@@ -1,1 +1,18 @@
-"""attnlab."""
+"""attnlab: the Transformer family and its recurrent ancestors, to build, train, decode and inspect.
+
+    import attnlab
+    cfg = attnlab.presets.get("tiny-decoder")
+    model = attnlab.build_model(cfg)
+    logits = model(input_ids)            # (B, T, V)
+"""
+
+from attnlab import presets
+from attnlab.config import AttentionConfig, ModelConfig, PositionConfig
+from attnlab.models import Decoder, Encoder, EncoderDecoder, build_model
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttentionConfig", "Decoder", "Encoder", "EncoderDecoder", "ModelConfig", "PositionConfig", "build_model",
+    "presets",
+]

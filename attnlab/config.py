@@ -1,0 +1,281 @@
+"""Typed model configuration: plain data, validated on construction, JSON round-trippable.
+
+A `ModelConfig` describes any model attnlab builds. Variants are chosen by strings at a
+few named seams (attention score and kernel, position scheme, norm and its placement,
+activation); each string is checked against the registry of allowed names here, so a
+config that constructs is a config that builds.
+
+    cfg = ModelConfig(arch="decoder", vocab_size=1000, d_model=128, num_heads=4)
+    cfg = ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))   # round trip
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+ARCHS = ("decoder", "encoder", "encoder_decoder")
+SCORES = ("scaled_dot", "dot", "cosine", "additive", "general")
+KERNELS = ("auto", "eager", "sdpa")
+POSITION_SCHEMES = ("none", "sinusoidal", "learned", "binary", "relative", "rotary", "alibi", "t5_bias")
+ABSOLUTE_SCHEMES = ("sinusoidal", "learned", "binary")
+NORMS = ("layernorm", "rmsnorm")
+PLACEMENTS = ("post", "pre", "both")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "reglu", "geglu", "swiglu")
+HEADS = ("none", "lm", "mlm", "classification")
+POOLINGS = ("first", "last", "mean")
+
+
+def _choice(section: str, name: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{section}{name}={value!r} is not one of {', '.join(allowed)}")
+
+
+def _positive(section: str, name: str, value: Any, *, allow_none: bool = False) -> None:
+    if value is None and allow_none:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{section}{name} must be a positive integer, got {value!r}")
+
+
+def _probability(section: str, name: str, value: Any) -> None:
+    if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{section}{name} must be a probability in [0, 1), got {value!r}")
+
+
+def _sub_config(cls: type, name: str, value: Any) -> Any:
+    if isinstance(value, cls):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a {cls.__name__} or a dict, got {type(value).__name__}")
+    unknown = sorted(set(value) - {f.name for f in dataclasses.fields(cls)})
+    if unknown:
+        raise ValueError(f"unknown {name} field(s): {', '.join(unknown)}")
+    return cls(**value)
+
+
+@dataclass
+class AttentionConfig:
+    """How queries meet keys.
+
+    score: the score function f(q, k) — `scaled_dot` (q.k / sqrt(d_head), Vaswani et al. 2017),
+        `dot` (q.k, Luong et al. 2015), `cosine` (cos(q, k) / cosine_temperature),
+        `additive` (v^T tanh(W_q q + W_k k), Bahdanau et al. 2015), `general` (q W k^T, Luong).
+    kernel: `auto` uses PyTorch's fused scaled_dot_product_attention whenever the variant
+        allows it and falls back to `eager`; `eager` always materialises the weights;
+        `sdpa` insists on the fused kernel (an error for variants it cannot express).
+    num_kv_heads: key/value heads for grouped-query (1 = multi-query) attention; None = num_heads.
+    """
+
+    score: str = "scaled_dot"
+    kernel: str = "auto"
+    num_kv_heads: int | None = None
+    bias: bool = True
+    dropout: float = 0.0
+    cosine_temperature: float = 0.1
+    additive_dim: int | None = None  # hidden size of the additive scorer; None = head_dim
+
+    def __post_init__(self) -> None:
+        s = "attention."
+        _choice(s, "score", self.score, SCORES)
+        _choice(s, "kernel", self.kernel, KERNELS)
+        _positive(s, "num_kv_heads", self.num_kv_heads, allow_none=True)
+        _positive(s, "additive_dim", self.additive_dim, allow_none=True)
+        _probability(s, "dropout", self.dropout)
+        if not self.cosine_temperature > 0:
+            raise ValueError(f"attention.cosine_temperature must be > 0, got {self.cosine_temperature!r}")
+        if self.kernel == "sdpa" and self.score == "additive":
+            raise ValueError("attention.kernel='sdpa' cannot compute score='additive'; use kernel='auto' or 'eager'")
+
+
+@dataclass
+class PositionConfig:
+    """Where order comes from.
+
+    scheme: `none`; absolute, added to the embeddings — `sinusoidal` (Vaswani et al. 2017),
+        `learned`, `binary` (bits of the index as +-1); inside attention — `relative`
+        (Shaw et al. 2018: learned embeddings of the clipped distance on keys, and on values
+        when relative_values), `rotary` (Su et al. 2021), `alibi` (Press et al. 2022),
+        `t5_bias` (Raffel et al. 2020: learned per-head bias of the bucketed distance,
+        one table shared by all layers of a stack).
+    max_len: positions available to `learned` (and the table size of the fixed schemes).
+    """
+
+    scheme: str = "sinusoidal"
+    max_len: int = 512
+    relative_max_distance: int = 16
+    relative_values: bool = True
+    rotary_base: float = 10000.0
+    rotary_dim: int | None = None  # rotate only the first rotary_dim features of a head; None = all
+    t5_num_buckets: int = 32
+    t5_max_distance: int = 128
+
+    def __post_init__(self) -> None:
+        s = "position."
+        _choice(s, "scheme", self.scheme, POSITION_SCHEMES)
+        _positive(s, "max_len", self.max_len)
+        _positive(s, "relative_max_distance", self.relative_max_distance)
+        _positive(s, "rotary_dim", self.rotary_dim, allow_none=True)
+        _positive(s, "t5_num_buckets", self.t5_num_buckets)
+        _positive(s, "t5_max_distance", self.t5_max_distance)
+        if self.rotary_dim is not None and self.rotary_dim % 2:
+            raise ValueError(f"position.rotary_dim must be even, got {self.rotary_dim}")
+        if not self.rotary_base > 0:
+            raise ValueError(f"position.rotary_base must be > 0, got {self.rotary_base!r}")
+
+
+@dataclass
+class ModelConfig:
+    """Everything needed to build a model; see the field comments and `presets`.
+
+    arch: `decoder` (GPT), `encoder` (BERT) or `encoder_decoder` (the original Transformer, T5).
+    num_layers: layers of the (only, or encoder) stack; num_decoder_layers: the decoder
+        stack of an encoder-decoder (None = num_layers).
+    head: what `forward` returns on top of the last hidden state — `lm` (next-token logits),
+        `mlm` (BERT's transform + tied decoder), `classification` (num_labels logits),
+        `none` (hidden states). None picks `lm` for decoders and encoder-decoders, `none`
+        for encoders.
+    """
+
+    arch: str = "decoder"
+    vocab_size: int = 32000
+    d_model: int = 512
+    num_layers: int = 6
+    num_decoder_layers: int | None = None
+    num_heads: int = 8
+    head_dim: int | None = None  # None = d_model // num_heads
+    d_ff: int = 2048
+    activation: str = "relu"
+    ffn_bias: bool = True
+    dropout: float = 0.1
+    norm: str = "layernorm"
+    norm_eps: float = 1e-5
+    norm_bias: bool = True
+    norm_placement: str = "post"
+    final_norm: bool | None = None  # None = True for pre/both placements, False for post
+    attention: AttentionConfig = field(default_factory=AttentionConfig)
+    position: PositionConfig = field(default_factory=PositionConfig)
+    embedding_scale: bool = False  # multiply token embeddings by sqrt(d_model)
+    embedding_norm: bool = False  # a norm after summing the embeddings (BERT)
+    type_vocab_size: int = 0  # segment embeddings (BERT's token_type_ids); 0 = none
+    tie_embeddings: bool = True  # output projection shares the input embedding matrix
+    share_embeddings: bool = True  # encoder and decoder share one vocabulary and matrix
+    src_vocab_size: int | None = None  # encoder vocabulary when not shared; None = vocab_size
+    lm_head_bias: bool = False
+    head: str | None = None
+    num_labels: int = 2
+    pooler: bool = False  # BERT's dense + tanh over the first token
+    classifier_pooling: str | None = None  # None = `first` ([CLS]) for encoders, `last` for decoders
+    pad_token_id: int | None = 0
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        self.attention = _sub_config(AttentionConfig, "attention", self.attention)
+        self.position = _sub_config(PositionConfig, "position", self.position)
+        _choice("", "arch", self.arch, ARCHS)
+        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "num_labels"):
+            _positive("", name, getattr(self, name))
+        for name in ("num_decoder_layers", "head_dim", "src_vocab_size"):
+            _positive("", name, getattr(self, name), allow_none=True)
+        _choice("", "activation", self.activation, ACTIVATIONS)
+        _choice("", "norm", self.norm, NORMS)
+        _choice("", "norm_placement", self.norm_placement, PLACEMENTS)
+        if self.classifier_pooling is None:
+            self.classifier_pooling = "last" if self.arch == "decoder" else "first"
+        _choice("", "classifier_pooling", self.classifier_pooling, POOLINGS)
+        _probability("", "dropout", self.dropout)
+        if not self.norm_eps > 0:
+            raise ValueError(f"norm_eps must be > 0, got {self.norm_eps!r}")
+        if not self.init_std > 0:
+            raise ValueError(f"init_std must be > 0, got {self.init_std!r}")
+        if type(self.type_vocab_size) is not int or self.type_vocab_size < 0:
+            raise ValueError(f"type_vocab_size must be an integer >= 0, got {self.type_vocab_size!r}")
+        if self.head_dim is None and self.d_model % self.num_heads:
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
+                "change one of them or set head_dim explicitly"
+            )
+        kv = self.attention.num_kv_heads
+        if kv is not None and self.num_heads % kv:
+            raise ValueError(f"attention.num_kv_heads={kv} must divide num_heads={self.num_heads}")
+        if self.head is None:
+            self.head = "none" if self.arch == "encoder" else "lm"
+        _choice("", "head", self.head, HEADS)
+        if self.head == "mlm" and self.arch != "encoder":
+            raise ValueError(f"head='mlm' needs arch='encoder', got arch={self.arch!r}")
+        if self.head == "classification" and self.arch == "encoder_decoder":
+            raise ValueError("head='classification' is for arch='encoder' or 'decoder'")
+        if self.head == "lm" and self.arch == "encoder":
+            raise ValueError("head='lm' is for decoders; an encoder takes head='mlm', 'classification' or 'none'")
+        if self.pooler and self.arch != "encoder":
+            raise ValueError(f"pooler=True needs arch='encoder', got arch={self.arch!r}")
+        if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
+            raise ValueError(f"pad_token_id={self.pad_token_id} is outside the vocabulary [0, {self.vocab_size})")
+        if self.final_norm is None:
+            self.final_norm = self.norm_placement != "post"
+        self._check_positions()
+
+    def _check_positions(self) -> None:
+        pos = self.position
+        if pos.scheme == "rotary":
+            rotary_dim = pos.rotary_dim or self.resolved_head_dim
+            if rotary_dim > self.resolved_head_dim or rotary_dim % 2:
+                raise ValueError(
+                    f"position.rotary_dim={rotary_dim} must be even and <= head_dim={self.resolved_head_dim}"
+                )
+        if self.attention.kernel == "sdpa" and pos.scheme == "relative" and pos.relative_values:
+            raise ValueError(
+                "attention.kernel='sdpa' cannot add Shaw relative embeddings to the values; "
+                "set position.relative_values=False or attention.kernel='auto'"
+            )
+
+    # ---- derived values -------------------------------------------------------------------
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim or self.d_model // self.num_heads
+
+    @property
+    def resolved_num_kv_heads(self) -> int:
+        return self.attention.num_kv_heads or self.num_heads
+
+    @property
+    def resolved_decoder_layers(self) -> int:
+        return self.num_decoder_layers or self.num_layers
+
+    @property
+    def resolved_src_vocab_size(self) -> int:
+        return self.vocab_size if self.share_embeddings else (self.src_vocab_size or self.vocab_size)
+
+    # ---- plain data ------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown ModelConfig field(s): {', '.join(unknown)}")
+        return cls(**data)
+
+    def to_json(self, path: str | None = None) -> str:
+        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        if path is not None:
+            from attnlab.utils import atomic_write_text
+
+            atomic_write_text(path, text + "\n")
+        return text
+
+    @classmethod
+    def from_json(cls, text_or_path: str) -> "ModelConfig":
+        text = text_or_path
+        if not text_or_path.lstrip().startswith("{"):
+            with open(text_or_path, encoding="utf-8") as f:
+                text = f.read()
+        return cls.from_dict(json.loads(text))
+
+    def replace(self, **changes: Any) -> "ModelConfig":
+        """A copy with some fields changed (validated again)."""
+        return ModelConfig.from_dict({**self.to_dict(), **changes})

@@ -1,0 +1,11 @@
+"""Models composed from `attnlab.nn`: Encoder, Decoder, EncoderDecoder, heads, and the builder."""
+
+from attnlab.models.build import build_model
+from attnlab.models.embeddings import Embeddings
+from attnlab.models.heads import ClassificationHead, LMHead, MLMHead, Pooler
+from attnlab.models.transformer import Decoder, Encoder, EncoderDecoder, TransformerStack
+
+__all__ = [
+    "ClassificationHead", "Decoder", "Embeddings", "Encoder", "EncoderDecoder", "LMHead", "MLMHead", "Pooler",
+    "TransformerStack", "build_model",
+]

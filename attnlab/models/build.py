@@ -1,0 +1,131 @@
+"""`build_model(config)`: the one place a ModelConfig turns into modules."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+from torch import nn
+
+from attnlab.config import ModelConfig
+from attnlab.models.embeddings import Embeddings
+from attnlab.models.heads import ClassificationHead, LMHead, MLMHead, Pooler
+from attnlab.models.transformer import Decoder, Encoder, EncoderDecoder
+from attnlab.nn.attention import MultiHeadAttention
+from attnlab.nn.layers import FeedForward, TransformerLayer, make_norm
+from attnlab.nn.positions import (ALiBi, BinaryPositions, LearnedPositions, RelativePositions, RotaryEmbedding,
+                                  SinusoidalPositions, T5RelativeBias)
+from attnlab.nn.scores import build_score
+
+
+def _absolute_positions(cfg: ModelConfig) -> nn.Module | None:
+    pos = cfg.position
+    if pos.scheme == "sinusoidal":
+        return SinusoidalPositions(cfg.d_model)
+    if pos.scheme == "learned":
+        return LearnedPositions(pos.max_len, cfg.d_model)
+    if pos.scheme == "binary":
+        return BinaryPositions(cfg.d_model, pos.max_len)
+    return None
+
+
+def _position_bias(cfg: ModelConfig, causal: bool) -> nn.Module | None:
+    pos = cfg.position
+    if pos.scheme == "alibi":
+        return ALiBi(cfg.num_heads)
+    if pos.scheme == "t5_bias":
+        return T5RelativeBias(cfg.num_heads, pos.t5_num_buckets, pos.t5_max_distance, bidirectional=not causal)
+    return None
+
+
+def _attention(cfg: ModelConfig, *, self_attention: bool) -> MultiHeadAttention:
+    att, pos, head_dim = cfg.attention, cfg.position, cfg.resolved_head_dim
+    rotary = relative = None
+    if self_attention and pos.scheme == "rotary":
+        rotary = RotaryEmbedding(head_dim, pos.rotary_dim, pos.rotary_base)
+    if self_attention and pos.scheme == "relative":
+        relative = RelativePositions(head_dim, pos.relative_max_distance, values=pos.relative_values)
+    score = build_score(att.score, cfg.num_heads, head_dim, cosine_temperature=att.cosine_temperature,
+                        additive_dim=att.additive_dim)
+    return MultiHeadAttention(cfg.d_model, cfg.num_heads, head_dim=head_dim, num_kv_heads=att.num_kv_heads,
+                              bias=att.bias, score=score, kernel=att.kernel, dropout=att.dropout,
+                              rotary=rotary, relative=relative)
+
+
+def _layers(cfg: ModelConfig, n: int, *, cross: bool) -> list[TransformerLayer]:
+    norm = partial(make_norm, cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
+    return [
+        TransformerLayer(
+            _attention(cfg, self_attention=True),
+            FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, bias=cfg.ffn_bias),
+            cross_attn=_attention(cfg, self_attention=False) if cross else None,
+            make_norm=norm, placement=cfg.norm_placement, dropout=cfg.dropout,
+        )
+        for _ in range(n)
+    ]
+
+
+def _embeddings(cfg: ModelConfig, token: nn.Embedding) -> Embeddings:
+    norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias) if cfg.embedding_norm else None
+    return Embeddings(token, positions=_absolute_positions(cfg), scale=cfg.embedding_scale,
+                      type_vocab_size=cfg.type_vocab_size, norm=norm, dropout=cfg.dropout)
+
+
+def _final_norm(cfg: ModelConfig) -> nn.Module | None:
+    return make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias) if cfg.final_norm else None
+
+
+def _head(cfg: ModelConfig, token: nn.Embedding) -> nn.Module | None:
+    tied = token if cfg.tie_embeddings else None
+    if cfg.head == "lm":
+        return LMHead(cfg.d_model, cfg.vocab_size, bias=cfg.lm_head_bias, tied=tied)
+    if cfg.head == "mlm":
+        norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
+        return MLMHead(cfg.d_model, cfg.vocab_size, activation=cfg.activation, norm=norm, tied=tied)
+    if cfg.head == "classification":
+        return ClassificationHead(cfg.d_model, cfg.num_labels, cfg.dropout)
+    return None
+
+
+def init_weights(model: nn.Module, std: float) -> None:
+    """Normal(0, std) for linear and embedding weights, zero biases; norms and position
+    tables keep the initialisation their modules give them."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=std)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+
+def build_model(config: ModelConfig) -> nn.Module:
+    """An Encoder, Decoder or EncoderDecoder as `config.arch` says, freshly initialised.
+
+    Build on the meta device to count parameters without allocating them:
+    `with torch.device("meta"): build_model(cfg)`.
+    """
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"build_model expects a ModelConfig, got {type(config).__name__}")
+    cfg = config
+    token = nn.Embedding(cfg.vocab_size, cfg.d_model)
+    if cfg.arch == "decoder":
+        model = Decoder(_embeddings(cfg, token), _layers(cfg, cfg.num_layers, cross=False),
+                        final_norm=_final_norm(cfg), position_bias=_position_bias(cfg, causal=True),
+                        head=_head(cfg, token), classifier_pooling=cfg.classifier_pooling)
+    elif cfg.arch == "encoder":
+        model = Encoder(_embeddings(cfg, token), _layers(cfg, cfg.num_layers, cross=False),
+                        final_norm=_final_norm(cfg), position_bias=_position_bias(cfg, causal=False),
+                        head=_head(cfg, token), classifier_pooling=cfg.classifier_pooling,
+                        pooler=Pooler(cfg.d_model) if cfg.pooler else None)
+    else:
+        src_token = token if cfg.share_embeddings else nn.Embedding(cfg.resolved_src_vocab_size, cfg.d_model)
+        encoder = Encoder(_embeddings(cfg, src_token), _layers(cfg, cfg.num_layers, cross=False),
+                          final_norm=_final_norm(cfg), position_bias=_position_bias(cfg, causal=False))
+        decoder = Decoder(_embeddings(cfg, token), _layers(cfg, cfg.resolved_decoder_layers, cross=True),
+                          final_norm=_final_norm(cfg), position_bias=_position_bias(cfg, causal=True),
+                          head=_head(cfg, token))
+        model = EncoderDecoder(encoder, decoder)
+    if not any(p.is_meta for p in model.parameters()):
+        with torch.no_grad():
+            init_weights(model, cfg.init_std)
+    model.config = cfg
+    return model

@@ -1,0 +1,80 @@
+"""Task heads on top of the last hidden state (B, T, D)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from attnlab.nn.layers import activation_fn
+
+
+def pool(hidden: Tensor, attention_mask: Tensor | None, how: str) -> Tensor:
+    """(B, T, D) -> (B, D): the `first` token ([CLS]), the `last` real token (right or left
+    padding alike), or the `mean` over real tokens."""
+    if how == "first":
+        return hidden[:, 0]
+    if attention_mask is None:
+        return hidden[:, -1] if how == "last" else hidden.mean(1)
+    mask = attention_mask.bool()
+    if how == "last":
+        T = mask.shape[1]
+        # index of the right-most real token: works whichever side the padding is on
+        last = (torch.arange(T, device=mask.device) * mask).argmax(-1)  # (B,)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+    if how == "mean":
+        m = mask[..., None].to(hidden.dtype)
+        return (hidden * m).sum(1) / m.sum(1).clamp(min=1)
+    raise ValueError(f"pooling={how!r} is not one of first, last, mean")
+
+
+class Pooler(nn.Module):
+    """BERT's pooler: tanh(W h_[CLS] + b)."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.dense = nn.Linear(d_model, d_model)
+
+    def forward(self, pooled: Tensor) -> Tensor:
+        return torch.tanh(self.dense(pooled))
+
+
+class LMHead(nn.Module):
+    """Next-token logits h W_e^T (+ b); the weight is tied to the token embedding when given."""
+
+    def __init__(self, d_model: int, vocab_size: int, *, bias: bool = False, tied: nn.Embedding | None = None):
+        super().__init__()
+        self.proj = nn.Linear(d_model, vocab_size, bias=bias)
+        if tied is not None:
+            self.proj.weight = tied.weight
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.proj(hidden)  # (B, T, V)
+
+
+class MLMHead(nn.Module):
+    """BERT's masked-LM head: dense + activation + norm, then the tied decoder with a bias."""
+
+    def __init__(self, d_model: int, vocab_size: int, *, activation: str = "gelu", norm: nn.Module,
+                 tied: nn.Embedding | None = None):
+        super().__init__()
+        self.dense = nn.Linear(d_model, d_model)
+        self.act = activation_fn(activation)
+        self.norm = norm
+        self.decoder = nn.Linear(d_model, vocab_size, bias=True)
+        if tied is not None:
+            self.decoder.weight = tied.weight
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.decoder(self.norm(self.act(self.dense(hidden))))  # (B, T, V)
+
+
+class ClassificationHead(nn.Module):
+    """Dropout + linear on a pooled vector (B, D) -> (B, num_labels)."""
+
+    def __init__(self, d_model: int, num_labels: int, dropout: float = 0.1):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.proj = nn.Linear(d_model, num_labels)
+
+    def forward(self, pooled: Tensor) -> Tensor:
+        return self.proj(self.dropout(pooled))

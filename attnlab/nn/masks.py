@@ -1,0 +1,51 @@
+"""Attention masks. One convention everywhere: bool, True = may attend.
+
+Masks broadcast to (B, H, Tq, Tk) and are built outside a layer, then passed in.
+A user's padding mask is (B, T) with 1/True on real tokens.
+
+    >>> causal_mask(3).int().tolist()
+    [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def causal_mask(t_q: int, t_k: int | None = None, *, device: torch.device | None = None) -> Tensor:
+    """(Tq, Tk) lower-triangular mask; with Tk > Tq the queries are the last Tq positions
+    (as when a cache holds Tk - Tq earlier keys)."""
+    t_k = t_q if t_k is None else t_k
+    return torch.ones(t_q, t_k, dtype=torch.bool, device=device).tril(diagonal=t_k - t_q)
+
+
+def padding_mask(attention_mask: Tensor) -> Tensor:
+    """(B, T) user mask (1 = real token) -> (B, 1, 1, T) key mask."""
+    if attention_mask.dim() != 2:
+        raise ValueError(f"attention_mask must have shape (B, T), got {tuple(attention_mask.shape)}")
+    return attention_mask.bool()[:, None, None, :]
+
+
+def prefix_lm_mask(t: int, prefix_lengths: Tensor) -> Tensor:
+    """(B, 1, T, T): bidirectional among the first prefix_lengths[b] positions, causal after
+    (Raffel et al. 2020, "prefix LM")."""
+    pos = torch.arange(t, device=prefix_lengths.device)
+    in_prefix = pos[None, :] < prefix_lengths[:, None]  # (B, T) key lies in the prefix
+    mask = causal_mask(t, device=prefix_lengths.device)[None] | in_prefix[:, None, :]
+    return mask[:, None]
+
+
+def combine(*masks: Tensor | None) -> Tensor | None:
+    """Logical AND of the masks given (None means no constraint)."""
+    out = None
+    for m in masks:
+        if m is not None:
+            out = m if out is None else out & m
+    return out
+
+
+def positions_from_mask(attention_mask: Tensor) -> Tensor:
+    """(B, T) position ids counting real tokens only, so left padding shifts nothing:
+    [0, 0, 1, 1, 1] mask -> [0, 0, 0, 1, 2]."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)

@@ -1,0 +1,207 @@
+"""Position schemes: where a Transformer gets word order from.
+
+Notation: B batch, T length, D d_model, H heads, Dh head_dim. Position ids are long
+tensors (B or 1, T); they count real tokens only (see `masks.positions_from_mask`), so
+padding on either side leaves every scheme's view of the real tokens unchanged.
+
+Three places a scheme can act:
+- added to the token embeddings (absolute): `SinusoidalPositions`, `LearnedPositions`,
+  `BinaryPositions` -> (B, T, D);
+- inside each attention layer, on queries and keys: `RotaryEmbedding` (rotates q and k),
+  `RelativePositions` (Shaw et al. 2018: a term on the scores and one on the values);
+- a bias on the scores, computed once per stack and shared by its layers: `ALiBi`,
+  `T5RelativeBias` -> (B or 1, H, Tq, Tk).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+# ---- absolute: added to the embeddings --------------------------------------------------------
+
+
+class SinusoidalPositions(nn.Module):
+    """PE(t, 2i) = sin(t / 10000^(2i/D)), PE(t, 2i+1) = cos(...) (Vaswani et al. 2017).
+
+    Computed from the ids, so any length works. PE(t + k) is a fixed linear map (a rotation
+    per frequency) of PE(t): relative offsets are easy for a linear layer to read.
+    """
+
+    def __init__(self, d_model: int, base: float = 10000.0):
+        super().__init__()
+        if d_model % 2:
+            raise ValueError(f"sinusoidal positions need an even d_model, got {d_model}")
+        inv_freq = base ** (-torch.arange(0, d_model, 2, dtype=torch.float32) / d_model)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, position_ids: Tensor) -> Tensor:
+        angles = position_ids.float()[..., None] * self.inv_freq  # (B, T, D/2)
+        return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (B, T, D) interleaved
+
+
+class LearnedPositions(nn.Module):
+    """One trained vector per position up to max_len (BERT, GPT)."""
+
+    def __init__(self, max_len: int, d_model: int):
+        super().__init__()
+        self.max_len = max_len
+        self.weight = nn.Parameter(torch.empty(max_len, d_model))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, position_ids: Tensor) -> Tensor:
+        if position_ids.numel() and int(position_ids.max()) >= self.max_len:
+            raise ValueError(
+                f"position {int(position_ids.max())} is beyond the learned table (position.max_len={self.max_len})"
+            )
+        return self.weight[position_ids]
+
+
+class BinaryPositions(nn.Module):
+    """Bit i of the position index as -1/+1 in feature i, for i < ceil(log2(max_len)); the
+    remaining features are 0. The simplest fixed code that is unique per position."""
+
+    def __init__(self, d_model: int, max_len: int):
+        super().__init__()
+        self.num_bits = max(1, math.ceil(math.log2(max_len)))
+        if self.num_bits > d_model:
+            raise ValueError(f"binary positions need d_model >= {self.num_bits} bits for max_len={max_len}")
+        self.d_model = d_model
+        self.max_len = max_len
+
+    def forward(self, position_ids: Tensor) -> Tensor:
+        if position_ids.numel() and int(position_ids.max()) >= self.max_len:
+            raise ValueError(f"position {int(position_ids.max())} needs more bits than position.max_len={self.max_len}")
+        bits = (position_ids[..., None] >> torch.arange(self.num_bits, device=position_ids.device)) & 1
+        code = bits.float() * 2 - 1  # (B, T, num_bits)
+        return nn.functional.pad(code, (0, self.d_model - self.num_bits))
+
+
+# ---- inside attention, per layer ---------------------------------------------------------------
+
+
+class RotaryEmbedding(nn.Module):
+    """Rotary position embedding (Su et al. 2021, https://arxiv.org/abs/2104.09864).
+
+    Feature pairs (i, i + R/2) of the first R = rotary_dim features of q and k are rotated by
+    angle t * base^(-2i/R); q_s . k_t then depends on s - t only.
+    """
+
+    def __init__(self, head_dim: int, rotary_dim: int | None = None, base: float = 10000.0):
+        super().__init__()
+        self.rotary_dim = rotary_dim or head_dim
+        inv_freq = base ** (-torch.arange(0, self.rotary_dim, 2, dtype=torch.float32) / self.rotary_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def rotate(self, x: Tensor, position_ids: Tensor) -> Tensor:
+        """x (B, H, T, Dh), position_ids (B or 1, T) -> x rotated."""
+        angles = position_ids.float()[:, None, :, None] * self.inv_freq  # (B, 1, T, R/2)
+        cos = torch.cat((angles.cos(), angles.cos()), dim=-1).to(x.dtype)
+        sin = torch.cat((angles.sin(), angles.sin()), dim=-1).to(x.dtype)
+        r = self.rotary_dim
+        x_rot, x_pass = x[..., :r], x[..., r:]
+        half1, half2 = x_rot[..., : r // 2], x_rot[..., r // 2 :]
+        rotated = x_rot * cos + torch.cat((-half2, half1), dim=-1) * sin
+        return torch.cat((rotated, x_pass), dim=-1)
+
+
+class RelativePositions(nn.Module):
+    """Relative position representations (Shaw et al. 2018, https://arxiv.org/abs/1803.02155).
+
+    e_ij = q_i . (k_j + a^K_ij) / sqrt(Dh),  z_i = sum_j alpha_ij (v_j + a^V_ij),
+    with a_ij = w[clip(j - i, -k, k)] learned, shared across heads.
+    Both terms are computed against the (2k + 1)-row tables, never a (T, T, Dh) tensor.
+    """
+
+    def __init__(self, head_dim: int, max_distance: int, values: bool = True):
+        super().__init__()
+        self.max_distance = max_distance
+        self.key_table = nn.Parameter(torch.empty(2 * max_distance + 1, head_dim))
+        self.value_table = nn.Parameter(torch.empty(2 * max_distance + 1, head_dim)) if values else None
+        for p in (self.key_table, self.value_table):
+            if p is not None:
+                nn.init.normal_(p, std=0.02)
+
+    def distance_index(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """(B or 1, Tq, Tk) index into the tables: clip(k_pos - q_pos, -k, k) + k."""
+        d = k_pos[:, None, :] - q_pos[:, :, None]
+        return d.clamp(-self.max_distance, self.max_distance) + self.max_distance
+
+    def score_bias(self, q: Tensor, index: Tensor, scale: float) -> Tensor:
+        """q (B, H, Tq, Dh) -> (B, H, Tq, Tk): q_i . a^K_ij * scale."""
+        per_distance = q @ self.key_table.t().to(q.dtype)  # (B, H, Tq, 2k+1)
+        idx = index[:, None].expand(q.shape[0], q.shape[1], -1, -1)
+        return per_distance.gather(-1, idx) * scale
+
+    def value_term(self, weights: Tensor, index: Tensor) -> Tensor:
+        """weights (B, H, Tq, Tk) -> (B, H, Tq, Dh): sum_j alpha_ij a^V_ij."""
+        B, H, Tq, _ = weights.shape
+        idx = index[:, None].expand(B, H, -1, -1)
+        per_distance = weights.new_zeros(B, H, Tq, self.value_table.shape[0]).scatter_add_(-1, idx, weights)
+        return per_distance @ self.value_table.to(weights.dtype)
+
+
+# ---- score biases, computed once per stack ------------------------------------------------------
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """Head slopes of ALiBi: the geometric sequence 2^(-8/n), 2^(-16/n), ... for n heads; for
+    n not a power of two, the first of the closest power of two and every other one of the
+    next (Press et al. 2022, https://arxiv.org/abs/2108.12409)."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2 ** (-8 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    closest = 2 ** math.floor(math.log2(num_heads))
+    slopes = power_of_two(closest)
+    if closest < num_heads:
+        slopes += power_of_two(2 * closest)[0::2][: num_heads - closest]
+    return torch.tensor(slopes)
+
+
+class ALiBi(nn.Module):
+    """Score bias -slope_h * |i - j|: attention decays linearly with distance, per head."""
+
+    def __init__(self, num_heads: int):
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+
+    def forward(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        dist = (k_pos[:, None, :] - q_pos[:, :, None]).abs().float()  # (B, Tq, Tk)
+        return -self.slopes[None, :, None, None] * dist[:, None]  # (B, H, Tq, Tk)
+
+
+def t5_bucket(relative_position: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
+    """T5's bucket of a distance (key - query): exact buckets for small distances, then
+    logarithmically wider ones up to max_distance; the sign gets half the buckets when
+    bidirectional, and a causal stack sees only the past."""
+    bucket = torch.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        bucket = bucket + (relative_position > 0).long() * num_buckets
+        distance = relative_position.abs()
+    else:
+        distance = (-relative_position).clamp(min=0)
+    exact = num_buckets // 2
+    log_ratio = torch.log(distance.float().clamp(min=1) / exact) / math.log(max_distance / exact)
+    far = (exact + (log_ratio * (num_buckets - exact)).long()).clamp(max=num_buckets - 1)
+    return bucket + torch.where(distance < exact, distance, far)
+
+
+class T5RelativeBias(nn.Module):
+    """Learned per-head scalar bias of the bucketed distance (Raffel et al. 2020), one table
+    per stack shared by all its self-attention layers."""
+
+    def __init__(self, num_heads: int, num_buckets: int, max_distance: int, bidirectional: bool):
+        super().__init__()
+        self.num_buckets, self.max_distance, self.bidirectional = num_buckets, max_distance, bidirectional
+        self.weight = nn.Parameter(torch.empty(num_buckets, num_heads))
+        nn.init.normal_(self.weight, std=0.02)
+
+    def forward(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        rel = k_pos[:, None, :] - q_pos[:, :, None]  # (B, Tq, Tk)
+        buckets = t5_bucket(rel, self.bidirectional, self.num_buckets, self.max_distance)
+        return self.weight[buckets].permute(0, 3, 1, 2)  # (B, H, Tq, Tk)
