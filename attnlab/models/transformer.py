@@ -19,10 +19,11 @@ from torch import Tensor, nn
 from attnlab.models.embeddings import Embeddings
 from attnlab.models.heads import ClassificationHead, pool
 from attnlab.nn.layers import TransformerLayer
+from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.masks import causal_mask, padding_mask, positions_from_mask, prefix_lm_mask
 
 
-def _check_ids(name: str, ids: Tensor, vocab_size: int, attention_mask: Tensor | None, mask_name: str) -> None:
+def _check_ids(name: str, ids: Tensor, vocab_size: int) -> tuple[int, int]:
     if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.dtype not in (torch.long, torch.int32, torch.int64):
         shape = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
         raise ValueError(f"{name} must be an integer tensor of shape (B, T), got {shape}")
@@ -31,9 +32,7 @@ def _check_ids(name: str, ids: Tensor, vocab_size: int, attention_mask: Tensor |
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
         raise ValueError(f"{name} holds ids outside the vocabulary [0, {vocab_size}): "
                          f"min {int(ids.min())}, max {int(ids.max())}")
-    if attention_mask is not None and attention_mask.shape != ids.shape:
-        raise ValueError(f"{mask_name} must have the shape of {name} {tuple(ids.shape)}, "
-                         f"got {tuple(attention_mask.shape)}")
+    return ids.shape[0], ids.shape[1]
 
 
 class TransformerStack(nn.Module):
@@ -56,16 +55,18 @@ class TransformerStack(nn.Module):
     def vocab_size(self) -> int:
         return self.embed.token.num_embeddings
 
-    def self_mask(self, T: int, attention_mask: Tensor | None, prefix_lengths: Tensor | None) -> Tensor | None:
-        """The bool (B or 1, 1, T, T) mask of the self-attention layers."""
+    def self_mask(self, T: int, attention_mask: Tensor | None, prefix_lengths: Tensor | None,
+                  past: int = 0) -> Tensor | None:
+        """The bool (B or 1, 1, T, past + T) mask of the self-attention layers for T new
+        queries after `past` cached positions."""
+        device = attention_mask.device if attention_mask is not None else None
         structure = None
         if prefix_lengths is not None:
             if not self.causal:
                 raise ValueError("prefix_lengths applies to decoders; an encoder already sees every position")
-            structure = prefix_lm_mask(T, prefix_lengths)
+            structure = prefix_lm_mask(past + T, prefix_lengths)[:, :, past:]
         elif self.causal:
-            device = attention_mask.device if attention_mask is not None else None
-            structure = causal_mask(T, device=device)[None, None]
+            structure = causal_mask(T, past + T, device=device)[None, None]
         if attention_mask is None:
             return structure
         keys = padding_mask(attention_mask)
@@ -74,22 +75,36 @@ class TransformerStack(nn.Module):
     def features(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
                  position_ids: Tensor | None = None, token_type_ids: Tensor | None = None,
                  prefix_lengths: Tensor | None = None, memory: Tensor | None = None,
-                 memory_mask: Tensor | None = None) -> Tensor:
-        """Last hidden states (B, T, D)."""
-        _check_ids("input_ids", input_ids, self.vocab_size, attention_mask, "attention_mask")
-        T = input_ids.shape[1]
+                 memory_mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+        """Last hidden states (B, T, D).
+
+        With a `cache` (decoders), `input_ids` are the new tokens only, `attention_mask` covers
+        the cached and the new ones (B, past + T), and the cache is extended in place.
+        """
+        past = cache.length if cache is not None else 0
+        B, T = _check_ids("input_ids", input_ids, self.vocab_size)
+        if attention_mask is not None and tuple(attention_mask.shape) != (B, past + T):
+            raise ValueError(f"attention_mask must have shape (B, past + T) = {(B, past + T)}, "
+                             f"got {tuple(attention_mask.shape)}")
+        if cache is not None and past + T > cache.max_len:
+            raise ValueError(f"the KV cache holds {cache.max_len} positions; {past + T} requested "
+                             "(create the cache with a larger max_len)")
         if position_ids is None:
-            position_ids = (positions_from_mask(attention_mask) if attention_mask is not None
-                            else torch.arange(T, device=input_ids.device)[None])
-        mask = self.self_mask(T, attention_mask, prefix_lengths)
-        bias = self.position_bias(position_ids, position_ids) if self.position_bias is not None else None
+            if attention_mask is not None:
+                position_ids = positions_from_mask(attention_mask)[:, past:]
+            else:
+                position_ids = torch.arange(past, past + T, device=input_ids.device)[None]
+        key_positions = cache.track_positions(position_ids.expand(B, T)) if cache is not None else position_ids
+        mask = self.self_mask(T, attention_mask, prefix_lengths, past)
+        bias = self.position_bias(position_ids, key_positions) if self.position_bias is not None else None
         if memory_mask is not None and (memory is None or memory_mask.shape != memory.shape[:2]):
             raise ValueError(f"memory_mask must be (B, S) matching memory {tuple(memory.shape[:2]) if memory is not None else None}, "
                              f"got {tuple(memory_mask.shape)}")
         cross_mask = padding_mask(memory_mask) if memory_mask is not None else None
         h = self.embed(input_ids, position_ids, token_type_ids)
-        for layer in self.layers:
-            h = layer(h, mask, bias=bias, positions=position_ids, memory=memory, memory_mask=cross_mask)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, mask, bias=bias, positions=position_ids, key_positions=key_positions, memory=memory,
+                      memory_mask=cross_mask, cache=cache.layer(i) if cache is not None else None)
         return self.final_norm(h) if self.final_norm is not None else h
 
     def apply_head(self, hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
@@ -127,16 +142,18 @@ class Decoder(TransformerStack):
 
     `forward(input_ids, attention_mask)` returns next-token logits (B, T, V). Inside an
     encoder-decoder, pass `memory` (B, S, D) and `memory_mask` (B, S). `prefix_lengths` (B,)
-    makes the first positions bidirectional (prefix LM).
+    makes the first positions bidirectional (prefix LM). With a `KVCache`, pass only the new
+    tokens (and a mask over cached + new ones): the result holds their logits only.
     """
 
     causal = True
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
                 position_ids: Tensor | None = None, prefix_lengths: Tensor | None = None,
-                memory: Tensor | None = None, memory_mask: Tensor | None = None) -> Tensor:
+                memory: Tensor | None = None, memory_mask: Tensor | None = None,
+                cache: KVCache | None = None) -> Tensor:
         hidden = self.features(input_ids, attention_mask, position_ids=position_ids, prefix_lengths=prefix_lengths,
-                               memory=memory, memory_mask=memory_mask)
+                               memory=memory, memory_mask=memory_mask, cache=cache)
         return self.apply_head(hidden, attention_mask)
 
 
@@ -153,9 +170,10 @@ class EncoderDecoder(nn.Module):
         return self.encoder.features(src_ids, src_mask)
 
     def decode(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor | None = None,
-               tgt_mask: Tensor | None = None) -> Tensor:
-        """Target ids (B, T) attending to memory -> logits (B, T, V)."""
-        return self.decoder(tgt_ids, tgt_mask, memory=memory, memory_mask=src_mask)
+               tgt_mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+        """Target ids (B, T) attending to memory -> logits (B, T, V); with a cache, the new
+        target tokens only (the source keys/values are projected once and kept)."""
+        return self.decoder(tgt_ids, tgt_mask, memory=memory, memory_mask=src_mask, cache=cache)
 
     def forward(self, src_ids: Tensor, tgt_ids: Tensor, src_mask: Tensor | None = None,
                 tgt_mask: Tensor | None = None) -> Tensor:

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.nn.kernels import attention_weights, sdpa_attention
+from attnlab.nn.kv_cache import LayerKV
 from attnlab.nn.positions import RelativePositions, RotaryEmbedding
 from attnlab.nn.scores import ScaledDot, ScoreFunction
 
@@ -74,27 +75,39 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None, *,
                 bias: Tensor | None = None, q_pos: Tensor | None = None, k_pos: Tensor | None = None,
-                need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+                need_weights: bool = False, cache: LayerKV | None = None) -> tuple[Tensor, Tensor | None]:
         """Attend from x (B, Tq, D) to context (default x).
 
         Args:
             mask: bool, True = may attend, broadcastable to (B, H, Tq, Tk).
             bias: additive float scores (ALiBi, T5), broadcastable to (B, H, Tq, Tk).
-            q_pos, k_pos: position ids (B or 1, T) for rotary and relative schemes.
+            q_pos, k_pos: position ids (B or 1, T) for rotary and relative schemes; with a cache,
+                k_pos covers every key (cached and new), q_pos the new queries.
             need_weights: also return the attention weights (forces the eager kernel).
+            cache: decoding state; self-attention appends the new keys and values to it,
+                cross-attention projects the context once and reuses it.
 
         Returns:
             (output (B, Tq, D), weights (B, H, Tq, Tk) or None).
         """
         B, Tq, _ = x.shape
-        kv_in = x if context is None else context
-        q = self._heads(x, self.q_proj, self.num_heads)  # (B, H, Tq, Dh)
-        k = self._heads(kv_in, self.k_proj, self.num_kv_heads)  # (B, G, Tk, Dh)
-        v = self._heads(kv_in, self.v_proj, self.num_kv_heads)
         if (self.rotary is not None or self.relative is not None) and (q_pos is None or k_pos is None):
             raise ValueError("rotary and relative positions need q_pos and k_pos")
+        q = self._heads(x, self.q_proj, self.num_heads)  # (B, H, Tq, Dh)
         if self.rotary is not None:
-            q, k = self.rotary.rotate(q, q_pos), self.rotary.rotate(k, k_pos)
+            q = self.rotary.rotate(q, q_pos)
+        if context is not None and cache is not None and cache.cross_k is not None:
+            k, v = cache.cross_k, cache.cross_v  # the source was projected at the first step
+        else:
+            kv_in = x if context is None else context
+            k = self._heads(kv_in, self.k_proj, self.num_kv_heads)  # (B, G, Tk, Dh)
+            v = self._heads(kv_in, self.v_proj, self.num_kv_heads)
+            if self.rotary is not None:
+                k = self.rotary.rotate(k, k_pos[:, -k.shape[2]:])  # new keys are the last ones
+            if cache is not None and context is not None:
+                cache.cross_k, cache.cross_v = k, v
+            elif cache is not None:
+                k, v = cache.append(k, v)  # (B, G, past + Tq, Dh)
         if self.num_kv_heads != self.num_heads:  # each key/value head serves H/G query heads
             k = k.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
             v = v.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.nn.attention import MultiHeadAttention
+from attnlab.nn.kv_cache import LayerKV
 
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,
@@ -99,14 +100,17 @@ class TransformerLayer(nn.Module):
         self.ffn_block = Residual(make_norm, placement, dropout)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, bias: Tensor | None = None,
-                positions: Tensor | None = None, memory: Tensor | None = None,
-                memory_mask: Tensor | None = None) -> Tensor:
-        """x (B, T, D) -> (B, T, D). `positions` (B or 1, T) feed rotary/relative schemes;
-        `memory` (B, S, D) with bool `memory_mask` broadcastable to (B, H, T, S)."""
+                positions: Tensor | None = None, key_positions: Tensor | None = None,
+                memory: Tensor | None = None, memory_mask: Tensor | None = None,
+                cache: LayerKV | None = None) -> Tensor:
+        """x (B, T, D) -> (B, T, D). `positions` (B or 1, T) feed rotary/relative schemes
+        (`key_positions`: those of every key when a cache holds earlier ones); `memory`
+        (B, S, D) with bool `memory_mask` broadcastable to (B, H, T, S)."""
+        k_pos = positions if key_positions is None else key_positions
         x = self.self_attn_block(
-            x, lambda h: self.self_attn(h, mask=mask, bias=bias, q_pos=positions, k_pos=positions)[0])
+            x, lambda h: self.self_attn(h, mask=mask, bias=bias, q_pos=positions, k_pos=k_pos, cache=cache)[0])
         if self.cross_attn is not None:
             if memory is None:
                 raise ValueError("this layer has cross-attention: pass the encoder output as `memory`")
-            x = self.cross_attn_block(x, lambda h: self.cross_attn(h, memory, mask=memory_mask)[0])
+            x = self.cross_attn_block(x, lambda h: self.cross_attn(h, memory, mask=memory_mask, cache=cache)[0])
         return self.ffn_block(x, self.ffn)

@@ -1,0 +1,95 @@
+"""Cached decoding equals the full forward pass, step by step, for every position scheme."""
+
+import pytest
+import torch
+
+from attnlab.nn.kv_cache import KVCache
+
+from .helpers import SCHEMES, ids, tiny
+
+
+def _left_padded_batch():
+    lengths = [5, 3, 1]
+    T = max(lengths)
+    x = torch.zeros(len(lengths), T, dtype=torch.long)
+    mask = torch.zeros(len(lengths), T, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        x[b, T - n:] = ids(1, n)[0]
+        mask[b, T - n:] = 1
+    return x, mask
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("variant", [{}, {"attention": {"num_kv_heads": 2}}])
+def test_decoder_cached_steps_equal_full_forward(scheme, variant):
+    model = tiny("decoder", scheme, **variant)
+    x, mask = _left_padded_batch()
+    cache = KVCache(max_len=x.shape[1] + 6)
+    with torch.no_grad():
+        step_logits = model(x, mask, cache=cache)
+        torch.testing.assert_close(step_logits, model(x, mask), atol=1e-5, rtol=1e-5)
+        for _ in range(6):
+            nxt = step_logits[:, -1].argmax(-1, keepdim=True)
+            x, mask = torch.cat([x, nxt], 1), torch.cat([mask, torch.ones_like(nxt)], 1)
+            step_logits = model(nxt, mask, cache=cache)
+            full = model(x, mask)
+            torch.testing.assert_close(step_logits[:, -1], full[:, -1], atol=1e-5, rtol=1e-5)
+    assert cache.length == x.shape[1]
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_encoder_decoder_cached_steps_equal_full_forward(scheme):
+    model = tiny("encoder_decoder", scheme)
+    src = ids(2, 7)
+    src_mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+    tgt = ids(2, 1)
+    cache = KVCache(max_len=8)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        for _ in range(6):
+            step = model.decode(tgt[:, -1:], memory, src_mask, cache=cache)
+            full = model(src, tgt, src_mask)
+            torch.testing.assert_close(step[:, -1], full[:, -1], atol=1e-5, rtol=1e-5)
+            tgt = torch.cat([tgt, step[:, -1].argmax(-1, keepdim=True)], 1)
+    assert cache.layers[0].cross_k.shape[2] == 7  # the source was projected once and kept
+
+
+def test_reorder_follows_the_chosen_rows():
+    model = tiny("decoder", "rotary")
+    x = ids(3, 4)
+    cache = KVCache(max_len=6)
+    with torch.no_grad():
+        model(x, cache=cache)
+        order = torch.tensor([2, 2, 0])
+        cache.reorder(order)
+        nxt = ids(3, 1)
+        step = model(nxt, cache=cache)
+        full = model(torch.cat([x[order], nxt], 1))
+    torch.testing.assert_close(step[:, -1], full[:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_prefix_lm_with_cache():
+    model = tiny("decoder", "alibi")
+    x = ids(2, 5)
+    prefix = torch.tensor([3, 2])
+    cache = KVCache(max_len=7)
+    with torch.no_grad():
+        model(x, prefix_lengths=prefix, cache=cache)
+        nxt = ids(2, 1)
+        step = model(nxt, prefix_lengths=prefix, cache=cache)
+        full = model(torch.cat([x, nxt], 1), prefix_lengths=prefix)
+    torch.testing.assert_close(step[:, -1], full[:, -1], atol=1e-5, rtol=1e-5)
+
+
+def test_cache_overflow_and_bad_mask_are_clear_errors():
+    model = tiny("decoder")
+    cache = KVCache(max_len=4)
+    with torch.no_grad():
+        model(ids(1, 3), cache=cache)
+        with pytest.raises(ValueError, match="past \\+ T"):
+            model(ids(1, 1), torch.ones(1, 1), cache=cache)
+        with pytest.raises(ValueError, match="holds 4 positions; 5 requested"):
+            model(ids(1, 2), cache=cache)
+        assert cache.length == 3 and cache.positions.shape == (1, 3)  # a refused call changes nothing
+    with pytest.raises(ValueError, match="max_len"):
+        KVCache(0)
