@@ -108,9 +108,6 @@ class MultiHeadAttention(nn.Module):
                 cache.cross_k, cache.cross_v = k, v
             elif cache is not None:
                 k, v = cache.append(k, v)  # (B, G, past + Tq, Dh)
-        if self.num_kv_heads != self.num_heads:  # each key/value head serves H/G query heads
-            k = k.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
-            v = v.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
         rel_index = None
         if self.relative is not None:
             rel_index = self.relative.distance_index(q_pos, k_pos)
@@ -120,8 +117,13 @@ class MultiHeadAttention(nn.Module):
 
         if self.uses_fused_kernel(need_weights):
             qs, ks, scale = self.score.prepare(q, k)
-            out, weights = sdpa_attention(qs, ks, v, scale=scale, mask=mask, bias=bias, dropout_p=dropout_p), None
+            out = sdpa_attention(qs, ks, v, scale=scale, mask=mask, bias=bias, dropout_p=dropout_p,
+                                 enable_gqa=self.num_kv_heads != self.num_heads)
+            weights = None
         else:
+            if self.num_kv_heads != self.num_heads:  # each key/value head serves H/G query heads
+                k = k.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
+                v = v.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
             scores = self.score(q, k)
             if bias is not None:
                 scores = scores + bias.to(scores.dtype)

@@ -25,10 +25,12 @@ def attention_weights(scores: Tensor, mask: Tensor | None = None) -> Tensor:
 
 
 def sdpa_attention(q: Tensor, k: Tensor, v: Tensor, *, scale: float, mask: Tensor | None = None,
-                   bias: Tensor | None = None, dropout_p: float = 0.0) -> Tensor:
-    """Fused softmax(scale * q k^T + bias, masked) v; q (B, H, Tq, Dh) -> (B, H, Tq, Dh)."""
+                   bias: Tensor | None = None, dropout_p: float = 0.0, enable_gqa: bool = False) -> Tensor:
+    """Fused softmax(scale * q k^T + bias, masked) v; q (B, H, Tq, Dh) -> (B, H, Tq, Dh).
+    With enable_gqa, k and v may have fewer heads G (dividing H), each serving H/G queries."""
     attn_mask = mask
     if bias is not None:
         bias = bias.to(q.dtype)
         attn_mask = bias if mask is None else torch.where(mask, bias, float("-inf"))
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale,
+                                          enable_gqa=enable_gqa)
