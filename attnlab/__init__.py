@@ -9,10 +9,11 @@
 from attnlab import presets
 from attnlab.config import AttentionConfig, ModelConfig, PositionConfig
 from attnlab.models import Decoder, Encoder, EncoderDecoder, build_model
+from attnlab.tokenizers import Tokenizer
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AttentionConfig", "Decoder", "Encoder", "EncoderDecoder", "ModelConfig", "PositionConfig", "build_model",
-    "presets",
+    "AttentionConfig", "Decoder", "Encoder", "EncoderDecoder", "ModelConfig", "PositionConfig", "Tokenizer",
+    "build_model", "presets",
 ]

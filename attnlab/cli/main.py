@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS = ["demo", "model"]
+SUBCOMMANDS = ["demo", "model", "tokenizer"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,96 @@
+"""Byte-level BPE: GPT-2's files give tiktoken's and transformers' ids; decoding round-trips."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from attnlab.tokenizers.bpe import BPEModel, apply_merges
+from attnlab.tokenizers.bytelevel import alphabet
+from tokenizer_samples import VARIED_TEXTS
+
+# Any Unicode text: all planes, combining marks, controls, whitespace (surrogates excluded:
+# they have no UTF-8 encoding).
+ANY_TEXT = st.text(st.characters(blacklist_categories=("Cs",)), max_size=60)
+# Text from a few characters that make long, tricky runs (spaces, apostrophes, digits...).
+RUNS_TEXT = st.text(st.sampled_from(list(" \t\n'sdtlmvre0123456789aéZ!?.,😀中\u0301\u00a0\u3000")), max_size=80)
+
+
+def test_hello_world(gpt2_shared):
+    assert gpt2_shared.encode("Hello world!") == [15496, 995, 0]
+    assert gpt2_shared.vocab_size == 50257
+    assert gpt2_shared.eos_token_id == gpt2_shared.bos_token_id == 50256
+
+
+def test_gpt2_gives_the_byte_alphabet_ids_0_to_255(gpt2_shared):
+    assert [gpt2_shared.id_to_token(i) for i in range(256)] == alphabet()
+
+
+@pytest.mark.parametrize("text", VARIED_TEXTS)
+def test_gpt2_matches_tiktoken(gpt2_shared, tiktoken_gpt2, text):
+    assert gpt2_shared.encode(text) == tiktoken_gpt2.encode_ordinary(text)
+
+
+@pytest.mark.parametrize("text", VARIED_TEXTS)
+def test_gpt2_matches_transformers(gpt2_shared, hf_gpt2, text):
+    assert gpt2_shared.encode(text) == hf_gpt2.encode(text)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.one_of(ANY_TEXT, RUNS_TEXT))
+def test_gpt2_matches_tiktoken_on_random_text(gpt2_shared, tiktoken_gpt2, text):
+    assert gpt2_shared.encode(text) == tiktoken_gpt2.encode_ordinary(text)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(text=st.one_of(ANY_TEXT, RUNS_TEXT))
+def test_decode_inverts_encode(gpt2_shared, text):
+    assert gpt2_shared.decode(gpt2_shared.encode(text)) == text
+
+
+def test_decode_of_a_cut_character_gives_replacement(gpt2_shared):
+    ids = gpt2_shared.encode("😀")
+    assert len(ids) > 1  # the emoji's four bytes take several tokens
+    assert gpt2_shared.decode(ids[:1]) == "\ufffd"
+
+
+def test_cache_gives_the_same_ids(gpt2_dir):
+    from attnlab.tokenizers import Tokenizer
+
+    tok = Tokenizer.load(gpt2_dir)
+    first = tok.encode_batch(VARIED_TEXTS)
+    assert tok.model._cache  # words were cached
+    assert tok.encode_batch(VARIED_TEXTS) == first
+    tok.model._cache.clear()
+    tok.model.CACHE_SIZE = 3  # forces the cache to clear itself while encoding
+    assert tok.encode_batch(VARIED_TEXTS) == first
+
+
+def test_apply_merges_lowest_rank_first():
+    ranks = {("a", "b"): 1, ("b", "c"): 0, ("a", "bc"): 2}
+    assert apply_merges("abc", ranks) == ["abc"]  # bc first, then a+bc
+    assert apply_merges("abab", ranks) == ["ab", "ab"]
+    assert apply_merges("aaa", {("a", "a"): 0}) == ["aa", "a"]  # left to right, no overlap
+    assert apply_merges("", ranks) == []
+
+
+def test_model_rejects_merges_outside_vocab():
+    with pytest.raises(ValueError, match="merges"):
+        BPEModel({"a": 0, "b": 1}, [("a", "b")])
+
+
+def test_model_rejects_bad_pattern():
+    with pytest.raises(ValueError, match="pattern"):
+        BPEModel({"a": 0}, [], pattern="(unclosed")
+
+
+def test_no_pattern_keeps_text_whole():
+    model = BPEModel({"a": 0, "Ġ": 1, "Ġa": 2}, [("Ġ", "a")], pattern=None)
+    assert model.encode_text("a a") == [0, 2]
+    assert model.pieces("a a") == ["a a"]
+
+
+def test_lone_surrogate_is_a_value_error(gpt2_shared):
+    with pytest.raises(ValueError, match="text"):
+        gpt2_shared.encode("a\ud800b")
