@@ -23,7 +23,8 @@ POSITION_SCHEMES = ("none", "sinusoidal", "learned", "binary", "relative", "rota
 ABSOLUTE_SCHEMES = ("sinusoidal", "learned", "binary")
 NORMS = ("layernorm", "rmsnorm")
 PLACEMENTS = ("post", "pre", "both")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "reglu", "geglu", "swiglu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "reglu", "geglu", "geglu_tanh", "swiglu")
+SINUSOIDAL_LAYOUTS = ("interleaved", "halves")
 HEADS = ("none", "lm", "mlm", "classification")
 POOLINGS = ("first", "last", "mean")
 
@@ -101,6 +102,11 @@ class PositionConfig:
         `t5_bias` (Raffel et al. 2020: learned per-head bias of the bucketed distance,
         one table shared by all layers of a stack).
     max_len: positions available to `learned` (and the table size of the fixed schemes).
+    sinusoidal_layout: `interleaved` (sin, cos, sin, cos, ... per frequency, the paper's
+        PE(t, 2i), PE(t, 2i+1)) or `halves` ([sin of every frequency | cos of every frequency],
+        the layout of Marian / fairseq checkpoints); the same features, permuted.
+    learned_offset: rows of the `learned` table before position 0 (BART reserves 2: position t
+        reads row t + 2); the table has max_len + learned_offset rows.
     """
 
     scheme: str = "sinusoidal"
@@ -111,10 +117,15 @@ class PositionConfig:
     rotary_dim: int | None = None  # rotate only the first rotary_dim features of a head; None = all
     t5_num_buckets: int = 32
     t5_max_distance: int = 128
+    sinusoidal_layout: str = "interleaved"
+    learned_offset: int = 0
 
     def __post_init__(self) -> None:
         s = "position."
         _choice(s, "scheme", self.scheme, POSITION_SCHEMES)
+        _choice(s, "sinusoidal_layout", self.sinusoidal_layout, SINUSOIDAL_LAYOUTS)
+        if type(self.learned_offset) is not int or self.learned_offset < 0:
+            raise ValueError(f"position.learned_offset must be an integer >= 0, got {self.learned_offset!r}")
         _positive(s, "max_len", self.max_len)
         _positive(s, "relative_max_distance", self.relative_max_distance)
         _positive(s, "rotary_dim", self.rotary_dim, allow_none=True)
@@ -163,7 +174,8 @@ class ModelConfig:
     tie_embeddings: bool = True  # output projection shares the input embedding matrix
     share_embeddings: bool = True  # encoder and decoder share one vocabulary and matrix
     src_vocab_size: int | None = None  # encoder vocabulary when not shared; None = vocab_size
-    lm_head_bias: bool = False
+    lm_head_bias: bool = False  # a bias on the LM logits (BART's and Marian's final_logits_bias)
+    lm_head_scale: float = 1.0  # multiply the hidden state by this before the LM projection (T5: d_model^-0.5)
     head: str | None = None
     num_labels: int = 2
     pooler: bool = False  # BERT's dense + tanh over the first token
@@ -188,6 +200,9 @@ class ModelConfig:
         _probability("", "dropout", self.dropout)
         if not self.norm_eps > 0:
             raise ValueError(f"norm_eps must be > 0, got {self.norm_eps!r}")
+        if isinstance(self.lm_head_scale, bool) or not isinstance(self.lm_head_scale, (int, float)) \
+                or not self.lm_head_scale > 0:
+            raise ValueError(f"lm_head_scale must be a number > 0, got {self.lm_head_scale!r}")
         if not self.init_std > 0:
             raise ValueError(f"init_std must be > 0, got {self.init_std!r}")
         if type(self.type_vocab_size) is not int or self.type_vocab_size < 0:

@@ -39,6 +39,9 @@ def test_json_round_trip(name, tmp_path):
     (dict(type_vocab_size=-1), "type_vocab_size"),
     (dict(bogus_field=1), "bogus_field"),
     (dict(attention={"heads": 2}), "heads"),
+    (dict(position={"sinusoidal_layout": "blocks"}), "position.sinusoidal_layout"),
+    (dict(position={"learned_offset": -2}), "position.learned_offset"),
+    (dict(lm_head_scale=0.0), "lm_head_scale"),
 ])
 def test_bad_config_names_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):

@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS = ["demo", "model", "tokenizer"]
+SUBCOMMANDS = ["convert", "demo", "embed", "model", "tokenizer"]
 
 
 def build_parser() -> argparse.ArgumentParser:

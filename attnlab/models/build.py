@@ -21,9 +21,9 @@ from attnlab.nn.scores import build_score
 def _absolute_positions(cfg: ModelConfig) -> nn.Module | None:
     pos = cfg.position
     if pos.scheme == "sinusoidal":
-        return SinusoidalPositions(cfg.d_model)
+        return SinusoidalPositions(cfg.d_model, layout=pos.sinusoidal_layout)
     if pos.scheme == "learned":
-        return LearnedPositions(pos.max_len, cfg.d_model)
+        return LearnedPositions(pos.max_len, cfg.d_model, offset=pos.learned_offset)
     if pos.scheme == "binary":
         return BinaryPositions(cfg.d_model, pos.max_len)
     return None
@@ -78,7 +78,7 @@ def _final_norm(cfg: ModelConfig) -> nn.Module | None:
 def _head(cfg: ModelConfig, token: nn.Embedding) -> nn.Module | None:
     tied = token if cfg.tie_embeddings else None
     if cfg.head == "lm":
-        return LMHead(cfg.d_model, cfg.vocab_size, bias=cfg.lm_head_bias, tied=tied)
+        return LMHead(cfg.d_model, cfg.vocab_size, bias=cfg.lm_head_bias, tied=tied, scale=cfg.lm_head_scale)
     if cfg.head == "mlm":
         norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
         return MLMHead(cfg.d_model, cfg.vocab_size, activation=cfg.activation, norm=norm, tied=tied)

@@ -39,15 +39,23 @@ class Pooler(nn.Module):
 
 
 class LMHead(nn.Module):
-    """Next-token logits h W_e^T (+ b); the weight is tied to the token embedding when given."""
+    """Next-token logits (s h) W_e^T (+ b); the weight is tied to the token embedding when given.
 
-    def __init__(self, d_model: int, vocab_size: int, *, bias: bool = False, tied: nn.Embedding | None = None):
+    scale: s, 1 by default; T5 with tied embeddings uses d_model^-0.5 (Raffel et al. 2020,
+    https://arxiv.org/abs/1910.10683), so the logits do not grow with the embedding norm.
+    """
+
+    def __init__(self, d_model: int, vocab_size: int, *, bias: bool = False, tied: nn.Embedding | None = None,
+                 scale: float = 1.0):
         super().__init__()
         self.proj = nn.Linear(d_model, vocab_size, bias=bias)
+        self.scale = scale
         if tied is not None:
             self.proj.weight = tied.weight
 
     def forward(self, hidden: Tensor) -> Tensor:
+        if self.scale != 1.0:
+            hidden = hidden * self.scale
         return self.proj(hidden)  # (B, T, V)
 
 

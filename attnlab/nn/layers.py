@@ -24,7 +24,8 @@ _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new"
     "silu": F.silu,
 }
-_GATED = {"reglu": "relu", "geglu": "gelu", "swiglu": "silu"}  # Shazeer 2020, https://arxiv.org/abs/2002.05202
+# Shazeer 2020, https://arxiv.org/abs/2002.05202; geglu_tanh is T5 v1.1's "gated-gelu" (tanh GELU)
+_GATED = {"reglu": "relu", "geglu": "gelu", "geglu_tanh": "gelu_tanh", "swiglu": "silu"}
 
 
 def activation_fn(name: str) -> Callable[[Tensor], Tensor]:

@@ -28,27 +28,40 @@ class SinusoidalPositions(nn.Module):
 
     Computed from the ids, so any length works. PE(t + k) is a fixed linear map (a rotation
     per frequency) of PE(t): relative offsets are easy for a linear layer to read.
+
+    layout: `interleaved` puts sin and cos of frequency i in features 2i, 2i+1 (the paper);
+    `halves` puts every sin first, then every cos ([sin | cos], Marian / fairseq checkpoints).
     """
 
-    def __init__(self, d_model: int, base: float = 10000.0):
+    def __init__(self, d_model: int, base: float = 10000.0, layout: str = "interleaved"):
         super().__init__()
         if d_model % 2:
             raise ValueError(f"sinusoidal positions need an even d_model, got {d_model}")
+        if layout not in ("interleaved", "halves"):
+            raise ValueError(f"layout={layout!r} is not one of interleaved, halves")
+        self.layout = layout
         inv_freq = base ** (-torch.arange(0, d_model, 2, dtype=torch.float32) / d_model)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, position_ids: Tensor) -> Tensor:
         angles = position_ids.float()[..., None] * self.inv_freq  # (B, T, D/2)
+        if self.layout == "halves":
+            return torch.cat((angles.sin(), angles.cos()), dim=-1)  # (B, T, D) [sin | cos]
         return torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (B, T, D) interleaved
 
 
 class LearnedPositions(nn.Module):
-    """One trained vector per position up to max_len (BERT, GPT)."""
+    """One trained vector per position up to max_len (BERT, GPT).
 
-    def __init__(self, max_len: int, d_model: int):
+    offset: rows before position 0 (BART keeps 2 unused rows: position t reads row t + 2);
+    the table has max_len + offset rows.
+    """
+
+    def __init__(self, max_len: int, d_model: int, offset: int = 0):
         super().__init__()
         self.max_len = max_len
-        self.weight = nn.Parameter(torch.empty(max_len, d_model))
+        self.offset = offset
+        self.weight = nn.Parameter(torch.empty(max_len + offset, d_model))
         nn.init.normal_(self.weight, std=0.02)
 
     def forward(self, position_ids: Tensor) -> Tensor:
@@ -56,7 +69,7 @@ class LearnedPositions(nn.Module):
             raise ValueError(
                 f"position {int(position_ids.max())} is beyond the learned table (position.max_len={self.max_len})"
             )
-        return self.weight[position_ids]
+        return self.weight[position_ids + self.offset if self.offset else position_ids]
 
 
 class BinaryPositions(nn.Module):
