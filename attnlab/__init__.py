@@ -8,8 +8,10 @@
 
 from attnlab import presets
 from attnlab.config import AttentionConfig, ModelConfig, PositionConfig
+from attnlab.decoding import GenerateOutput, generate
 from attnlab.interop import from_hf, to_hf
 from attnlab.models import Decoder, Encoder, EncoderDecoder, build_model
+from attnlab.prompts import FewShotPrompt
 from attnlab.sentence import embed
 from attnlab.serialization import load, save
 from attnlab.tokenizers import Tokenizer
@@ -17,6 +19,6 @@ from attnlab.tokenizers import Tokenizer
 __version__ = "0.1.0"
 
 __all__ = [
-    "AttentionConfig", "Decoder", "Encoder", "EncoderDecoder", "ModelConfig", "PositionConfig", "Tokenizer",
-    "build_model", "embed", "from_hf", "load", "presets", "save", "to_hf",
+    "AttentionConfig", "Decoder", "Encoder", "EncoderDecoder", "FewShotPrompt", "GenerateOutput", "ModelConfig",
+    "PositionConfig", "Tokenizer", "build_model", "embed", "from_hf", "generate", "load", "presets", "save", "to_hf",
 ]

@@ -1,0 +1,147 @@
+"""`attnlab generate CKPT --prompt TEXT`: continue a prompt with a saved model, streaming the
+new text to the terminal as it is produced (greedy by default; sampling or beam search on
+request). CKPT is a folder written by `attnlab.save(model, path, tokenizer=...)`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+import torch
+
+from attnlab.decoding import generate
+
+
+def load_checkpoint(path: str) -> tuple[torch.nn.Module, Any]:
+    """(model, tokenizer) from a folder written by `attnlab.save`; an error without a tokenizer."""
+    from attnlab.serialization import load
+
+    model, tokenizer = load(path, with_tokenizer=True)
+    if tokenizer is None:
+        raise ValueError(f"{path} has no tokenizer.json: save the model with attnlab.save(model, path, tokenizer=tok)")
+    return model, tokenizer
+
+
+def role_id(tokenizer: Any, role: str) -> int | None:
+    """The id of the tokenizer's `role` token (eos, pad, bos), or None."""
+    token = getattr(tokenizer, "roles", {}).get(role)
+    return tokenizer.token_to_id(token) if token is not None else None
+
+
+def pad_batch(rows: list[list[int]], pad: int, *, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> (ids (B, T), mask (B, T)), padded on the left (prompts) or right (sources)."""
+    if any(not r for r in rows):
+        raise ValueError("an input is empty after tokenization: give at least one token")
+    T = max(len(r) for r in rows)
+    ids = torch.full((len(rows), T), pad, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.long)
+    for b, r in enumerate(rows):
+        sl = slice(T - len(r), T) if left else slice(0, len(r))
+        ids[b, sl] = torch.tensor(r)
+        mask[b, sl] = 1
+    return ids, mask
+
+
+def new_text(tokenizer: Any, ids: list[int], eos: int | None) -> str:
+    """Text of new token ids, cut at the first EOS, special tokens dropped."""
+    if eos is not None and eos in ids:
+        ids = ids[:ids.index(eos)]
+    return tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def decoding_kwargs(args: argparse.Namespace, tokenizer: Any) -> dict[str, Any]:
+    """generate() keyword arguments from the shared decoding flags."""
+    eos = args.eos_token_id if args.eos_token_id is not None else role_id(tokenizer, "eos")
+    pad = role_id(tokenizer, "pad")
+    kw = dict(max_new_tokens=args.max_new_tokens, num_beams=args.num_beams, length_penalty=args.length_penalty,
+              repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
+              eos_token_id=eos, pad_token_id=pad)
+    if args.sample:
+        kw.update(do_sample=True, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                  generator=torch.Generator().manual_seed(args.seed))
+    return kw
+
+
+def add_decoding_flags(parser: argparse.ArgumentParser, *, max_new: int, beams: int) -> None:
+    parser.add_argument("--max-new-tokens", type=int, default=max_new,
+                        help=f"at most this many new tokens (default {max_new})")
+    parser.add_argument("--sample", action="store_true", help="sample instead of greedy/beam search")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (> 0)")
+    parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
+    parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling: smallest set with mass >= p")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the sampler (default 0)")
+    parser.add_argument("--num-beams", type=int, default=beams, help=f"beam search width (default {beams})")
+    parser.add_argument("--length-penalty", type=float, default=1.0,
+                        help="beam score = sum log p / new_tokens ** this (default 1.0)")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="CTRL's penalty (> 1 discourages repeats)")
+    parser.add_argument("--no-repeat-ngram-size", type=int, default=0, help="forbid repeating n-grams of this size")
+    parser.add_argument("--eos-token-id", type=int, default=None, help="end token (default: the tokenizer's eos)")
+
+
+class _Streamer:
+    """Prints the new text of row 0 as tokens arrive; holds back a trailing partial character."""
+
+    def __init__(self, tokenizer: Any, eos: int | None, out: Any):
+        self.tokenizer, self.eos, self.out = tokenizer, eos, out
+        self.ids: list[int] = []
+        self.printed = 0
+        self.done = False
+
+    def __call__(self, tokens: torch.Tensor) -> None:
+        if self.done:
+            return
+        token = int(tokens[0])
+        if self.eos is not None and token == self.eos:
+            self.done = True
+            return
+        self.ids.append(token)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # an unfinished UTF-8 sequence (byte-level BPE): wait for the rest
+            return
+        self.out.write(text[self.printed:])
+        self.out.flush()
+        self.printed = len(text)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "generate", help="continue a prompt with a saved model (streams to the terminal)", description=__doc__,
+        epilog='example: attnlab generate runs/char-gpt --prompt "Shall I compare" --max-new-tokens 100 '
+               "--sample --top-p 0.9 --seed 1",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoint", help="folder written by attnlab.save(model, path, tokenizer=...)")
+    parser.add_argument("--prompt", action="append", required=True,
+                        help="text to continue (repeat the flag for a batch; only one prompt streams)")
+    parser.add_argument("--stop", action="append", default=None, help="stop once the new text contains this string")
+    parser.add_argument("--add-special-tokens", action="store_true",
+                        help="wrap the prompt with the tokenizer's template")
+    parser.add_argument("--no-stream", action="store_true", help="print the result at the end only")
+    add_decoding_flags(parser, max_new=50, beams=1)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    model, tokenizer = load_checkpoint(args.checkpoint)
+    rows = [tokenizer.encode(p, add_special_tokens=args.add_special_tokens) for p in args.prompt]
+    pad = role_id(tokenizer, "pad")
+    ids, mask = pad_batch(rows, pad if pad is not None else 0, left=True)
+    kw = decoding_kwargs(args, tokenizer)
+    if args.stop:
+        kw.update(stop_strings=args.stop, tokenizer=tokenizer)
+    seq2seq = hasattr(model, "encode")
+    start = 1 if seq2seq else ids.shape[1]
+    stream = len(rows) == 1 and args.num_beams == 1 and not args.no_stream
+    streamer = _Streamer(tokenizer, kw["eos_token_id"], sys.stdout) if stream else None
+    if stream and not seq2seq:
+        sys.stdout.write(args.prompt[0])
+        sys.stdout.flush()
+    out = generate(model, ids, attention_mask=mask, streamer=streamer, **kw)
+    if stream:
+        sys.stdout.write("\n")
+        return 0
+    for b, prompt in enumerate(args.prompt):
+        text = new_text(tokenizer, out[b, start:].tolist(), kw["eos_token_id"])
+        print(text if seq2seq else prompt + text)
+    return 0

@@ -1,0 +1,20 @@
+"""Decoding: greedy, sampling and beam search with a KV cache.
+
+    from attnlab.decoding import generate
+    out = generate(model, prompt_ids, max_new_tokens=50, do_sample=True, top_p=0.9,
+                   generator=torch.Generator().manual_seed(0))
+
+Modules: `generate.py` (the entry point and its checks), `search.py` (greedy and sampling
+loop), `beam.py` (beam search), `processors.py` (repetition penalty, n-gram ban, top-k,
+top-p), `runner.py` (cached and full-forward next-token logits).
+"""
+
+from attnlab.decoding.beam import beam_search
+from attnlab.decoding.generate import GenerateOutput, generate
+from attnlab.decoding.processors import no_repeat_ngram, repetition_penalty, top_k_filter, top_p_filter
+from attnlab.decoding.runner import sequence_log_probs
+
+__all__ = [
+    "GenerateOutput", "beam_search", "generate", "no_repeat_ngram", "repetition_penalty", "sequence_log_probs",
+    "top_k_filter", "top_p_filter",
+]
