@@ -6,11 +6,11 @@
     logits = model(input_ids)            # (B, T, V)
 """
 
-from attnlab import presets
-from attnlab.config import AttentionConfig, ModelConfig, PositionConfig
+from attnlab import inspect, presets
+from attnlab.config import AttentionConfig, ModelConfig, PositionConfig, RNNConfig
 from attnlab.decoding import GenerateOutput, generate
 from attnlab.interop import from_hf, to_hf
-from attnlab.models import Decoder, Encoder, EncoderDecoder, build_model
+from attnlab.models import Decoder, Encoder, EncoderDecoder, RNNEncoderDecoder, build_model
 from attnlab.prompts import FewShotPrompt
 from attnlab.sentence import embed
 from attnlab.serialization import load, save
@@ -20,5 +20,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AttentionConfig", "Decoder", "Encoder", "EncoderDecoder", "FewShotPrompt", "GenerateOutput", "ModelConfig",
-    "PositionConfig", "Tokenizer", "build_model", "embed", "from_hf", "generate", "load", "presets", "save", "to_hf",
+    "PositionConfig", "RNNConfig", "RNNEncoderDecoder", "Tokenizer", "build_model", "embed", "from_hf", "generate",
+    "inspect", "load", "presets", "save", "to_hf",
 ]

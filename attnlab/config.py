@@ -16,7 +16,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-ARCHS = ("decoder", "encoder", "encoder_decoder")
+ARCHS = ("decoder", "encoder", "encoder_decoder", "rnn_encoder_decoder")
+RNN_CELLS = ("rnn", "lstm", "gru", "conv")
+RNN_ATTENTIONS = ("none", "additive", "dot", "general")
 SCORES = ("scaled_dot", "dot", "cosine", "additive", "general")
 KERNELS = ("auto", "eager", "sdpa")
 POSITION_SCHEMES = ("none", "sinusoidal", "learned", "binary", "relative", "rotary", "alibi", "t5_bias")
@@ -138,6 +140,39 @@ class PositionConfig:
 
 
 @dataclass
+class RNNConfig:
+    """The recurrent encoder-decoder of arch='rnn_encoder_decoder' (see attnlab.models.rnn).
+
+    cell: the encoder — `rnn` (Elman), `lstm`, `gru`, or `conv` (word-window 1-D convolutions,
+        decoded by a GRU). attention: `none` (fixed-size bottleneck), `additive` (Bahdanau et al.
+        2015), `dot` or `general` (Luong et al. 2015). Embeddings have width d_model.
+    """
+
+    cell: str = "lstm"
+    attention: str = "additive"
+    hidden_size: int = 256
+    num_layers: int = 1
+    bidirectional: bool = False
+    conv_window: int = 3
+    attention_hidden: int | None = None  # width of the additive scorer; None = hidden_size
+
+    def __post_init__(self) -> None:
+        s = "rnn."
+        _choice(s, "cell", self.cell, RNN_CELLS)
+        _choice(s, "attention", self.attention, RNN_ATTENTIONS)
+        _positive(s, "hidden_size", self.hidden_size)
+        _positive(s, "num_layers", self.num_layers)
+        _positive(s, "attention_hidden", self.attention_hidden, allow_none=True)
+        _positive(s, "conv_window", self.conv_window)
+        if self.conv_window % 2 == 0:
+            raise ValueError(f"rnn.conv_window must be odd, got {self.conv_window}")
+        if not isinstance(self.bidirectional, bool):
+            raise ValueError(f"rnn.bidirectional must be true or false, got {self.bidirectional!r}")
+        if self.bidirectional and self.cell == "conv":
+            raise ValueError("rnn.bidirectional=True needs a recurrent cell (rnn, lstm, gru), not conv")
+
+
+@dataclass
 class ModelConfig:
     """Everything needed to build a model; see the field comments and `presets`.
 
@@ -168,6 +203,7 @@ class ModelConfig:
     final_norm: bool | None = None  # None = True for pre/both placements, False for post
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     position: PositionConfig = field(default_factory=PositionConfig)
+    rnn: RNNConfig = field(default_factory=RNNConfig)  # used by arch="rnn_encoder_decoder" only
     embedding_scale: bool = False  # multiply token embeddings by sqrt(d_model)
     embedding_norm: bool = False  # a norm after summing the embeddings (BERT)
     type_vocab_size: int = 0  # segment embeddings (BERT's token_type_ids); 0 = none
@@ -186,6 +222,7 @@ class ModelConfig:
     def __post_init__(self) -> None:
         self.attention = _sub_config(AttentionConfig, "attention", self.attention)
         self.position = _sub_config(PositionConfig, "position", self.position)
+        self.rnn = _sub_config(RNNConfig, "rnn", self.rnn)
         _choice("", "arch", self.arch, ARCHS)
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "num_labels"):
             _positive("", name, getattr(self, name))
@@ -231,6 +268,19 @@ class ModelConfig:
         if self.final_norm is None:
             self.final_norm = self.norm_placement != "post"
         self._check_positions()
+        self._check_rnn()
+
+    def _check_rnn(self) -> None:
+        if self.arch != "rnn_encoder_decoder":
+            return
+        rnn = self.rnn
+        if self.head != "lm":
+            raise ValueError(f"arch='rnn_encoder_decoder' takes head='lm', got head={self.head!r}")
+        memory = self.d_model if rnn.cell == "conv" else rnn.hidden_size * (2 if rnn.bidirectional else 1)
+        if rnn.attention == "dot" and memory != rnn.hidden_size:
+            raise ValueError(f"rnn.attention='dot' needs encoder states as wide as the decoder's "
+                             f"(rnn.hidden_size={rnn.hidden_size}), got {memory}; use 'general' or change "
+                             "rnn.bidirectional / d_model")
 
     def _check_positions(self) -> None:
         pos = self.position

@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS = ["convert", "demo", "embed", "generate", "model", "tokenizer", "translate"]
+SUBCOMMANDS = ["convert", "demo", "embed", "generate", "inspect", "model", "tokenizer", "translate"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,9 +3,10 @@
 from attnlab.models.build import build_model
 from attnlab.models.embeddings import Embeddings
 from attnlab.models.heads import ClassificationHead, LMHead, MLMHead, Pooler
+from attnlab.models.rnn import RNNDecoderState, RNNEncoderDecoder
 from attnlab.models.transformer import Decoder, Encoder, EncoderDecoder, TransformerStack
 
 __all__ = [
     "ClassificationHead", "Decoder", "Embeddings", "Encoder", "EncoderDecoder", "LMHead", "MLMHead", "Pooler",
-    "TransformerStack", "build_model",
+    "RNNDecoderState", "RNNEncoderDecoder", "TransformerStack", "build_model",
 ]

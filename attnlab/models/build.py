@@ -97,6 +97,24 @@ def init_weights(model: nn.Module, std: float) -> None:
                 nn.init.zeros_(module.bias)
 
 
+def _build_rnn(cfg: ModelConfig) -> nn.Module:
+    """arch='rnn_encoder_decoder': torch's default RNN/Linear initialisation, embeddings N(0, 1/d_model)."""
+    from attnlab.models.rnn import RNNEncoderDecoder
+
+    r = cfg.rnn
+    model = RNNEncoderDecoder(cfg.vocab_size, cfg.d_model, r.hidden_size, cell=r.cell, attention=r.attention,
+                              num_layers=r.num_layers, bidirectional=r.bidirectional,
+                              src_vocab_size=None if cfg.share_embeddings else cfg.resolved_src_vocab_size,
+                              conv_window=r.conv_window, attention_hidden=r.attention_hidden,
+                              dropout=cfg.dropout, tie_embeddings=cfg.tie_embeddings)
+    if not any(p.is_meta for p in model.parameters()):
+        with torch.no_grad():
+            for emb in {id(e): e for e in (model.src_embed, model.tgt_embed)}.values():
+                nn.init.normal_(emb.weight, std=cfg.d_model**-0.5)
+    model.config = cfg
+    return model
+
+
 def build_model(config: ModelConfig) -> nn.Module:
     """An Encoder, Decoder or EncoderDecoder as `config.arch` says, freshly initialised.
 
@@ -106,6 +124,8 @@ def build_model(config: ModelConfig) -> nn.Module:
     if not isinstance(config, ModelConfig):
         raise TypeError(f"build_model expects a ModelConfig, got {type(config).__name__}")
     cfg = config
+    if cfg.arch == "rnn_encoder_decoder":
+        return _build_rnn(cfg)
     token = nn.Embedding(cfg.vocab_size, cfg.d_model)
     if cfg.arch == "decoder":
         model = Decoder(_embeddings(cfg, token), _layers(cfg, cfg.num_layers, cross=False),

@@ -1,0 +1,171 @@
+"""`attnlab inspect`: look inside models — attention maps, cost, gradient flow, rank collapse,
+kernel regression."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+
+import torch
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+
+
+def _tokens(tok, ids: list[int]) -> list[str]:
+    out = []
+    for i in ids:
+        t = tok.id_to_token(i) if hasattr(tok, "id_to_token") else None
+        out.append(str(i) if t is None else t)
+    return out
+
+
+def _attention(args: argparse.Namespace) -> int:
+    from attnlab.inspect.attention_maps import attention_maps
+    from attnlab.inspect.plots import plot_alignment, plot_head_grid
+    from attnlab.interop.files import write_safetensors
+    from attnlab.serialization import load
+
+    model, tok = load(args.checkpoint, with_tokenizer=True)
+    if tok is None:
+        raise ValueError(f"{args.checkpoint} has no tokenizer.json; save the model with attnlab.save(model, path, tokenizer=tok)")
+    arch = model.config.arch
+    src = tok.encode(args.text)
+    if not src:
+        raise ValueError("--text encodes to no tokens")
+    heads = [int(h) for h in args.heads.split(",")] if args.heads else None
+    if arch in ("encoder_decoder", "rnn_encoder_decoder"):
+        if args.target is None:
+            raise ValueError(f"--target is needed for arch={arch!r} (the target text to align with --text)")
+        tgt = tok.encode(args.target)
+        if not tgt:
+            raise ValueError("--target encodes to no tokens")
+        inputs = (torch.tensor([src]), torch.tensor([tgt]))
+    else:
+        tgt = src
+        inputs = (torch.tensor([src]),)
+    maps = attention_maps(model, *inputs, names=args.layers or None, heads=heads)
+    os.makedirs(args.out, exist_ok=True)
+    write_safetensors({n: w.contiguous() for n, w in maps.items()}, os.path.join(args.out, "attention.safetensors"))
+    src_tok, tgt_tok = _tokens(tok, src), _tokens(tok, tgt)
+    for name, w in maps.items():
+        w = w[0]  # (H, Tq, Tk)
+        if arch == "rnn_encoder_decoder" or name.endswith("cross_attn"):
+            path = plot_alignment(w.mean(0), src_tok, tgt_tok, os.path.join(args.out, f"{_safe(name)}.png"),
+                                  title=f"{name} (mean over heads)" if w.shape[0] > 1 else name)
+        else:
+            path = plot_head_grid(w, os.path.join(args.out, f"{_safe(name)}.png"), row_names=[name], title=name)
+        print(f"{name:<40} {tuple(w.shape)}  -> {path}")
+    print(f"weights: {os.path.join(args.out, 'attention.safetensors')}")
+    return 0
+
+
+def _cost(args: argparse.Namespace) -> int:
+    from attnlab.cli.model import resolve_config
+    from attnlab.inspect.cost import cost_table, crossover_seq_len, format_table
+
+    cfg = resolve_config(args.config, args.set)
+    rows = cost_table(cfg, args.seq_len, src_len=args.src_len, kernel=args.kernel)
+    print(format_table(rows, bytes_per_element=args.bytes))
+    attn = sum(r.flops for r in rows if r.name.endswith(".scores"))
+    dense = sum(r.flops for r in rows if r.name.endswith((".projections", ".ffn")))
+    t_star = crossover_seq_len(cfg)
+    print(f"T^2 terms (scores + weighted sum): {attn:,} FLOPs; T d^2 terms (projections + FFN): {dense:,} FLOPs")
+    print(f"per self-attention layer, 4 T^2 H Dh overtakes the projections + FFN at T* = {t_star:,.0f} "
+          f"(2 d_model + d_ff = {2 * cfg.d_model + cfg.d_ff:,} for plain multi-head attention); "
+          f"T = {args.seq_len} is {'above' if args.seq_len > t_star else 'below'} it")
+    return 0
+
+
+def _gradient_flow(args: argparse.Namespace) -> int:
+    from attnlab.inspect.gradient_flow import gradient_flow, plot_gradient_flow
+
+    norms = {}
+    for arch in ("rnn", "lstm", "transformer"):
+        norms[arch] = gradient_flow(arch, seq_len=args.seq_len, spectral_norm=args.spectral_norm if arch == "rnn" else None,
+                                    seed=args.seed)
+        n = norms[arch]
+        print(f"{arch:<12} ||dL/dh_k|| at distance 0: {float(n[-1]):.3e}, {args.seq_len - 1}: {float(n[0]):.3e}")
+    print(f"plot: {plot_gradient_flow(norms, args.out)}")
+    return 0
+
+
+def _rank_collapse(args: argparse.Namespace) -> int:
+    from attnlab.inspect.rank_collapse import VARIANTS, plot_rank_collapse, rank_collapse
+
+    curves = {v: rank_collapse(v, depth=args.depth, seed=args.seed) for v in VARIANTS}
+    for v, c in curves.items():
+        print(f"{v:<14} relative residual: input {float(c[0]):.3f}, after {args.depth} layers {float(c[-1]):.3e}")
+    print(f"plot: {plot_rank_collapse(curves, args.out)}")
+    return 0
+
+
+def _kernel_regression(args: argparse.Namespace) -> int:
+    from attnlab.inspect.kernel_regression import kernel_regression_demo
+
+    bandwidths = tuple(float(b) for b in args.bandwidths.split(","))
+    if any(not b > 0 for b in bandwidths):
+        raise ValueError(f"--bandwidths must be positive numbers, got {args.bandwidths!r}")
+    errors = kernel_regression_demo(args.out, bandwidths=bandwidths, seed=args.seed)
+    for h, e in errors.items():
+        print(f"bandwidth {h:g}: mean squared error against the true curve {e:.4f}")
+    print(f"plot: {args.out}")
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
+    return value
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("inspect", help="look inside models: attention maps, cost, gradients, rank",
+                                   description="Look inside models: attention maps, FLOPs and memory, gradient flow "
+                                               "through time, rank collapse, attention as kernel regression.")
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    p = sub.add_parser("attention", help="attention weights of a saved model on a text, as PNGs and tensors",
+                       epilog='example: attnlab inspect attention run/model --text "the cat sat" --out maps/')
+    p.add_argument("checkpoint", help="a folder written by attnlab.save(model, path, tokenizer=...)")
+    p.add_argument("--text", required=True, help="the input (the source of an encoder-decoder)")
+    p.add_argument("--target", help="the target text of an encoder-decoder (teacher-forced)")
+    p.add_argument("--layers", nargs="*", help="attention module names or patterns, e.g. 'decoder.*.cross_attn'")
+    p.add_argument("--heads", help="comma-separated head indices (default all)")
+    p.add_argument("--out", default="attention_maps", help="output folder (default attention_maps/)")
+    p.set_defaults(func=_attention)
+
+    p = sub.add_parser("cost", help="parameters, FLOPs and activation memory per module",
+                       epilog="example: attnlab inspect cost vaswani-base --seq-len 4096")
+    p.add_argument("config", help="a preset name or a config.json path")
+    p.add_argument("--seq-len", type=_positive_int, required=True, help="tokens per sequence T")
+    p.add_argument("--src-len", type=_positive_int, help="source length of an encoder-decoder (default T)")
+    p.add_argument("--kernel", choices=("auto", "eager", "sdpa"), help="count the T x T weights as memory with eager")
+    p.add_argument("--bytes", type=_positive_int, default=4, help="bytes per activation element (default 4)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
+    p.set_defaults(func=_cost)
+
+    p = sub.add_parser("gradient-flow", help="||dL/dh_k|| against distance for RNN, LSTM, Transformer",
+                       epilog="example: attnlab inspect gradient-flow --seq-len 50 --out grad.png")
+    p.add_argument("--seq-len", type=_positive_int, default=40)
+    p.add_argument("--spectral-norm", type=float, default=0.9, help="sigma_max of the RNN's W_h (default 0.9)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="gradient_flow.png")
+    p.set_defaults(func=_gradient_flow)
+
+    p = sub.add_parser("rank-collapse", help="distance from rank 1 across depth, with and without residuals",
+                       epilog="example: attnlab inspect rank-collapse --depth 12 --out rank.png")
+    p.add_argument("--depth", type=_positive_int, default=12)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="rank_collapse.png")
+    p.set_defaults(func=_rank_collapse)
+
+    p = sub.add_parser("kernel-regression", help="Nadaraya-Watson regression as attention, plotted",
+                       epilog="example: attnlab inspect kernel-regression --bandwidths 0.1,0.5,2 --out nw.png")
+    p.add_argument("--bandwidths", default="0.1,0.5,2", help="comma-separated Gaussian bandwidths")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="kernel_regression.png")
+    p.set_defaults(func=_kernel_regression)

@@ -1,0 +1,166 @@
+"""Parameters, FLOPs and activation memory per module, for a config and a sequence length.
+
+Conventions (stated once, used everywhere):
+- FLOPs count matrix multiplications only, 2 per multiply-add (so y = x W with x (T, a),
+  W (a, b) costs 2 T a b). Softmax, norms, activations, biases and embedding lookups are not
+  counted: they are O(T d) or O(T^2 H) and never dominate. This is what
+  `torch.utils.flop_counter.FlopCounterMode` counts, which the tests use as the reference.
+- One forward pass of B = 1 sequence of T tokens (an encoder-decoder: source and target both T,
+  unless `src_len` is given).
+- Activation memory: elements a module's forward produces (q, k, v, the T x Tk weights when the
+  eager kernel materialises them, the feed-forward hidden), times bytes per element.
+
+Per Transformer layer, with H heads of width Dh, G kv heads, D = d_model, F = d_ff, Tk keys:
+
+    projections   2 T D H Dh (q) + 2 * 2 Tk D G Dh (k, v) + 2 T H Dh D (out)     = 8 T D^2   when H Dh = G Dh = D
+    scores+mix    2 H T Tk Dh (q k^T) + 2 H T Tk Dh (weights v)                  = 4 T^2 D   (self-attention)
+    feed-forward  2 T D F (W1) + 2 T F D (W2) [+ 2 T D F (gate W3)]              = 4 T D F
+
+So a layer's T^2 term overtakes its T d^2 terms at
+
+    4 T^2 D = 8 T D^2 + 4 T D F   <=>   T* = 2 D + F        (6 D with F = 4 D; 3072 for Vaswani base)
+
+`crossover_seq_len` computes T* from the general per-token costs (GQA, gated FFN, head_dim).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnlab.config import ModelConfig
+from attnlab.nn.layers import _GATED
+
+
+@dataclass
+class CostRow:
+    """One module's cost: parameters, forward FLOPs, activation elements."""
+
+    name: str
+    params: int
+    flops: int
+    activations: int
+
+
+def _params(cfg: ModelConfig) -> dict[str, int]:
+    from attnlab.models.build import build_model
+
+    with torch.device("meta"):
+        model = build_model(cfg)
+    seen: set[int] = set()
+    out: dict[str, int] = {}
+    for name, p in model.named_parameters():
+        if id(p) in seen:
+            continue
+        seen.add(id(p))
+        out[name] = p.numel()
+    return out
+
+
+def _sum(params: dict[str, int], prefix: str, parts: tuple[str, ...] = ("",)) -> int:
+    return sum(n for k, n in params.items() if k.startswith(prefix) and any(part in k for part in parts))
+
+
+def _attention_rows(cfg: ModelConfig, prefix: str, T: int, Tk: int, params: dict[str, int],
+                    eager: bool) -> list[CostRow]:
+    D, H, G, Dh = cfg.d_model, cfg.num_heads, cfg.resolved_num_kv_heads, cfg.resolved_head_dim
+    proj = 2 * T * D * H * Dh + 2 * 2 * Tk * D * G * Dh + 2 * T * H * Dh * D
+    mix = 2 * H * T * Tk * Dh * 2
+    proj_params = _sum(params, prefix + ".", ("q_proj", "k_proj", "v_proj", "out_proj"))
+    return [
+        CostRow(f"{prefix}.projections", proj_params, proj, T * H * Dh + 2 * Tk * G * Dh + T * D),
+        CostRow(f"{prefix}.scores", _sum(params, prefix + ".") - proj_params, mix,
+                (H * T * Tk if eager else 0) + T * H * Dh),
+    ]
+
+
+def _stack_rows(cfg: ModelConfig, prefix: str, n: int, T: int, cross_len: int | None,
+                params: dict[str, int], eager: bool) -> list[CostRow]:
+    rows = []
+    F = cfg.d_ff * (2 if cfg.activation in _GATED else 1)  # W1 (and W3) widths
+    for i in range(n):
+        p = f"{prefix}layers.{i}"
+        rows += _attention_rows(cfg, f"{p}.self_attn", T, T, params, eager)
+        if cross_len is not None:
+            rows += _attention_rows(cfg, f"{p}.cross_attn", T, cross_len, params, eager)
+        ffn_flops = 2 * T * cfg.d_model * F + 2 * T * cfg.d_ff * cfg.d_model
+        rows.append(CostRow(f"{p}.ffn", _sum(params, f"{p}.ffn."), ffn_flops, T * F + T * cfg.d_model))
+        norms = _sum(params, f"{p}.", ("_block.",))
+        rows.append(CostRow(f"{p}.norms", norms, 0, 0))
+    return rows
+
+
+def cost_table(cfg: ModelConfig, seq_len: int, *, src_len: int | None = None,
+               kernel: str | None = None) -> list[CostRow]:
+    """Rows of (module, parameters, FLOPs, activation elements) for one sequence.
+
+    Args:
+        cfg: a Transformer config (arch decoder, encoder or encoder_decoder).
+        seq_len: T (the target length of an encoder-decoder).
+        src_len: source length of an encoder-decoder (default seq_len).
+        kernel: `eager` counts the T x Tk weights as activations; default: the config's kernel
+            (`auto`/`sdpa` fused for dot-product scores).
+
+    Returns:
+        The rows; their sums are the model's totals (shared embeddings counted once).
+
+    Raises:
+        ValueError: seq_len not positive, or a recurrent arch.
+    """
+    if not isinstance(seq_len, int) or seq_len <= 0:
+        raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
+    if cfg.arch == "rnn_encoder_decoder":
+        raise ValueError("cost_table counts Transformer configs; arch='rnn_encoder_decoder' is not one")
+    S = seq_len if src_len is None else src_len
+    eager = (kernel or cfg.attention.kernel) == "eager" or cfg.attention.score == "additive"
+    params = _params(cfg)
+    T, D = seq_len, cfg.d_model
+    rows: list[CostRow] = []
+    if cfg.arch == "encoder_decoder":
+        rows += _stack_rows(cfg, "encoder.", cfg.num_layers, S, None, params, eager)
+        rows += _stack_rows(cfg, "decoder.", cfg.resolved_decoder_layers, T, S, params, eager)
+        embed_prefixes = ("encoder.embed.", "decoder.embed.")
+    else:
+        rows += _stack_rows(cfg, "", cfg.num_layers, T, None, params, eager)
+        embed_prefixes = ("embed.",)
+    rows.insert(0, CostRow("embeddings", sum(_sum(params, p) for p in embed_prefixes), 0, T * D))
+    if cfg.head == "lm":
+        rows.append(CostRow("lm_head", _sum(params, "decoder.head." if cfg.arch == "encoder_decoder" else "head."),
+                            2 * T * D * cfg.vocab_size, T * cfg.vocab_size))
+    elif cfg.head == "mlm":  # BERT's transform (D x D) and the vocabulary projection
+        rows.append(CostRow("mlm_head", _sum(params, "head."), 2 * T * D * D + 2 * T * D * cfg.vocab_size,
+                            T * D + T * cfg.vocab_size))
+    counted = sum(r.params for r in rows)
+    rest = sum(params.values()) - counted  # final norms, pooler, other heads, position biases
+    if rest:
+        rows.append(CostRow("other", rest, 0, 0))
+    return rows
+
+
+def crossover_seq_len(cfg: ModelConfig) -> float:
+    """T* where one self-attention layer's T^2 FLOPs (4 T^2 H Dh) equal its per-token FLOPs
+    times T (projections + feed-forward); 2 d_model + d_ff for plain multi-head attention."""
+    D, H, G, Dh = cfg.d_model, cfg.num_heads, cfg.resolved_num_kv_heads, cfg.resolved_head_dim
+    F = cfg.d_ff * (2 if cfg.activation in _GATED else 1)
+    per_token = 2 * D * H * Dh + 4 * D * G * Dh + 2 * H * Dh * D + 2 * D * F + 2 * cfg.d_ff * D
+    return per_token / (4 * H * Dh)
+
+
+def format_table(rows: list[CostRow], bytes_per_element: int = 4) -> str:
+    """A plain-text table with totals."""
+    width = max(len(r.name) for r in rows + [CostRow("total", 0, 0, 0)])
+    lines = [f"{'module':<{width}}  {'params':>14}  {'FLOPs':>18}  {'activations':>14}"]
+    for r in rows + [CostRow("total", sum(r.params for r in rows), sum(r.flops for r in rows),
+                             sum(r.activations for r in rows))]:
+        lines.append(f"{r.name:<{width}}  {r.params:>14,}  {r.flops:>18,}  "
+                     f"{_human(r.activations * bytes_per_element):>14}")
+    return "\n".join(lines)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)

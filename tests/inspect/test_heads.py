@@ -1,0 +1,91 @@
+import math
+
+import pytest
+import torch
+
+from attnlab.inspect.heads import (attention_entropy, head_importance, head_mask, lm_loss, mask_from_heads,
+                                   ones_mask, plot_pruning_curve, prune_heads, pruning_curve)
+from tests.models.helpers import ids, tiny
+
+PRUNE = {"encoder.layers.0.self_attn": [1, 3], "encoder.layers.1.self_attn": [0],
+         "decoder.layers.0.self_attn": [2], "decoder.layers.1.cross_attn": [0, 1, 2]}
+
+
+@pytest.mark.parametrize("scheme,score", [("learned", "scaled_dot"), ("relative", "scaled_dot"),
+                                          ("alibi", "scaled_dot"), ("t5_bias", "dot"), ("rotary", "general"),
+                                          ("sinusoidal", "additive")])
+def test_removed_heads_equal_masked_heads(scheme, score):
+    model = tiny("encoder_decoder", scheme, attention={"score": score})
+    src, tgt = ids(2, 7), ids(2, 5)
+    src_mask = torch.ones(2, 7, dtype=torch.long)
+    src_mask[0, 5:] = 0
+    with torch.no_grad(), head_mask(model, mask_from_heads(model, PRUNE)):
+        masked = model(src, tgt, src_mask)
+    pruned = prune_heads(model, PRUNE)
+    out = pruned(src, tgt, src_mask)
+    torch.testing.assert_close(out, masked, rtol=1e-5, atol=1e-5)
+    assert pruned.encoder.layers[0].self_attn.num_heads == 2
+    assert pruned.encoder.layers[0].self_attn.q_proj.out_features == 2 * 8
+    assert pruned.decoder.layers[1].cross_attn.out_proj.in_features == 8
+    assert model.encoder.layers[0].self_attn.num_heads == 4  # the original is untouched
+    full = model(src, tgt, src_mask)
+    assert not torch.allclose(full, out, atol=1e-4)  # pruning did change something
+
+
+def test_grouped_kv_heads_refused_and_bad_input():
+    model = tiny("decoder", attention={"num_kv_heads": 2})
+    with pytest.raises(ValueError, match="grouped key/value heads"):
+        prune_heads(model, {"layers.0.self_attn": [0]})
+    model = tiny("decoder")
+    with pytest.raises(ValueError, match="keep at least one"):
+        prune_heads(model, {"layers.0.self_attn": [0, 1, 2, 3]})
+    with pytest.raises(ValueError, match="not an attention module"):
+        prune_heads(model, {"layers.9.self_attn": [0]})
+    with pytest.raises(ValueError, match="shape"):
+        with head_mask(model, {"layers.0.self_attn": torch.ones(3)}):
+            pass
+
+
+def test_importance_is_the_gradient_of_the_mask():
+    model = tiny("decoder").double()
+    batches = [ids(2, 8), ids(2, 8)]
+    scores = head_importance(model, batches)
+    name, h, eps = "layers.1.self_attn", 2, 1e-5
+
+    def total_loss(value):
+        mask = ones_mask(model)
+        mask = {n: m.double() for n, m in mask.items()}
+        mask[name][h] = value
+        with torch.no_grad(), head_mask(model, mask):
+            return sum(float(lm_loss(model, b)) for b in batches)
+
+    numeric = (total_loss(1 + eps) - total_loss(1 - eps)) / (2 * eps)
+    assert scores[name].shape == (4,)
+    assert math.isclose(float(scores[name][h]), abs(numeric), rel_tol=1e-4, abs_tol=1e-9)
+    normed = head_importance(model, batches, normalize=True)
+    torch.testing.assert_close(normed[name].norm(), torch.tensor(1.0, dtype=normed[name].dtype))
+
+
+def test_entropy_of_a_uniform_head_is_log_n():
+    model = tiny("encoder")
+    with torch.no_grad():
+        model.layers[0].self_attn.q_proj.weight.zero_()
+        model.layers[0].self_attn.q_proj.bias.zero_()
+    ent = attention_entropy(model, [(ids(2, 6),)])
+    torch.testing.assert_close(ent["layers.0.self_attn"], torch.full((4,), math.log(6)))
+    assert (ent["layers.1.self_attn"] < math.log(6) + 1e-5).all()
+
+
+def test_pruning_curve_ends(tmp_path):
+    model = tiny("decoder")
+    batches = [ids(2, 8)]
+    scores = head_importance(model, batches)
+    curve = pruning_curve(model, batches, scores)
+    assert [k for k, _ in curve] == list(range(9))
+    with torch.no_grad():
+        assert math.isclose(curve[0][1], float(lm_loss(model, batches[0])), rel_tol=1e-6)
+        zero = {n: torch.zeros_like(m) for n, m in ones_mask(model).items()}
+        with head_mask(model, zero):
+            assert math.isclose(curve[-1][1], float(lm_loss(model, batches[0])), rel_tol=1e-6)
+    path = plot_pruning_curve({"importance": curve}, str(tmp_path / "curve.png"))
+    assert open(path, "rb").read(4) == b"\x89PNG"
