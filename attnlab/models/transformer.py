@@ -29,9 +29,9 @@ def _check_ids(name: str, ids: Tensor, vocab_size: int) -> tuple[int, int]:
         raise ValueError(f"{name} must be an integer tensor of shape (B, T), got {shape}")
     if ids.shape[1] == 0:
         raise ValueError(f"{name} is empty (T = 0)")
-    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-        raise ValueError(f"{name} holds ids outside the vocabulary [0, {vocab_size}): "
-                         f"min {int(ids.min())}, max {int(ids.max())}")
+    lo, hi = (int(v) for v in torch.aminmax(ids))  # one host sync per call
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(f"{name} holds ids outside the vocabulary [0, {vocab_size}): min {lo}, max {hi}")
     return ids.shape[0], ids.shape[1]
 
 
