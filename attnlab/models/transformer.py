@@ -27,8 +27,8 @@ def _check_ids(name: str, ids: Tensor, vocab_size: int) -> tuple[int, int]:
     if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.dtype not in (torch.long, torch.int32, torch.int64):
         shape = tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__
         raise ValueError(f"{name} must be an integer tensor of shape (B, T), got {shape}")
-    if ids.shape[1] == 0:
-        raise ValueError(f"{name} is empty (T = 0)")
+    if ids.numel() == 0:
+        raise ValueError(f"{name} is empty: shape {tuple(ids.shape)}")
     lo, hi = (int(v) for v in torch.aminmax(ids))  # one host sync per call
     if lo < 0 or hi >= vocab_size:
         raise ValueError(f"{name} holds ids outside the vocabulary [0, {vocab_size}): min {lo}, max {hi}")
