@@ -20,7 +20,9 @@ ARCHS = ("decoder", "encoder", "encoder_decoder", "rnn_encoder_decoder")
 RNN_CELLS = ("rnn", "lstm", "gru", "conv")
 RNN_ATTENTIONS = ("none", "additive", "dot", "general")
 SCORES = ("scaled_dot", "dot", "cosine", "additive", "general")
-KERNELS = ("auto", "eager", "sdpa")
+KERNELS = ("auto", "eager", "sdpa", "sliding_window", "longformer", "bigbird", "linformer")
+LONG_KERNELS = ("sliding_window", "longformer", "bigbird", "linformer")  # self-attention only, see attnlab.nn.sparse
+LINFORMER_SHARINGS = ("layer", "head")
 POSITION_SCHEMES = ("none", "sinusoidal", "learned", "binary", "relative", "rotary", "alibi", "t5_bias")
 ABSOLUTE_SCHEMES = ("sinusoidal", "learned", "binary")
 NORMS = ("layernorm", "rmsnorm")
@@ -70,6 +72,17 @@ class AttentionConfig:
         allows it and falls back to `eager`; `eager` always materialises the weights;
         `sdpa` insists on the fused kernel (an error for variants it cannot express).
     num_kv_heads: key/value heads for grouped-query (1 = multi-query) attention; None = num_heads.
+
+    Long-input kernels (self-attention; cross-attention keeps `auto`; see attnlab.nn.sparse):
+    `sliding_window` — query i sees keys j with |i - j| <= window (decoders: 0 <= i - j <= window);
+    `longformer` — the window plus global tokens (`global_positions` and/or every token whose id
+        is `global_token_id`), which see and are seen by every position (Beltagy et al. 2020);
+    `bigbird` — blocks of `block_size`: `window_blocks` per side, the first `global_blocks`
+        blocks (global), `random_blocks` random blocks per query block, drawn with seed
+        `random_seed + layer index` (Zaheer et al. 2020);
+    `linformer` — keys and values projected along the sequence to `linformer_k` rows by learned
+        (linformer_k, linformer_max_len) matrices, shared by a layer's heads or per head
+        (`linformer_sharing`); encoders only (Wang et al. 2020).
     """
 
     score: str = "scaled_dot"
@@ -79,9 +92,21 @@ class AttentionConfig:
     dropout: float = 0.0
     cosine_temperature: float = 0.1
     additive_dim: int | None = None  # hidden size of the additive scorer; None = head_dim
+    window: int = 256  # sliding_window, longformer: keys within this distance on each allowed side
+    global_positions: list[int] = field(default_factory=list)  # longformer: global tokens by position
+    global_token_id: int | None = None  # longformer: tokens with this id are global (e.g. [CLS])
+    block_size: int = 64  # bigbird
+    window_blocks: int = 1  # bigbird: neighbouring blocks on each allowed side
+    global_blocks: int = 1  # bigbird: the first blocks, global both ways
+    random_blocks: int = 3  # bigbird: random blocks per query block
+    random_seed: int = 0  # bigbird: layer l draws its random blocks with random_seed + l
+    linformer_k: int = 256
+    linformer_max_len: int = 4096
+    linformer_sharing: str = "layer"
 
     def __post_init__(self) -> None:
         s = "attention."
+        self._check_long_kernels(s)
         _choice(s, "score", self.score, SCORES)
         _choice(s, "kernel", self.kernel, KERNELS)
         _positive(s, "num_kv_heads", self.num_kv_heads, allow_none=True)
@@ -91,6 +116,26 @@ class AttentionConfig:
             raise ValueError(f"attention.cosine_temperature must be > 0, got {self.cosine_temperature!r}")
         if self.kernel == "sdpa" and self.score == "additive":
             raise ValueError("attention.kernel='sdpa' cannot compute score='additive'; use kernel='auto' or 'eager'")
+
+    def _check_long_kernels(self, s: str) -> None:
+        for name in ("window", "window_blocks", "global_blocks", "random_blocks", "random_seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{s}{name} must be an integer >= 0, got {value!r}")
+        for name in ("block_size", "linformer_k", "linformer_max_len"):
+            _positive(s, name, getattr(self, name))
+        _choice(s, "linformer_sharing", self.linformer_sharing, LINFORMER_SHARINGS)
+        if isinstance(self.global_positions, tuple):
+            self.global_positions = list(self.global_positions)
+        if not isinstance(self.global_positions, list) or not all(
+                isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in self.global_positions):
+            raise ValueError(f"{s}global_positions must be a list of integers >= 0, got {self.global_positions!r}")
+        if self.global_token_id is not None and (not isinstance(self.global_token_id, int)
+                                                 or isinstance(self.global_token_id, bool) or self.global_token_id < 0):
+            raise ValueError(f"{s}global_token_id must be None or an integer >= 0, got {self.global_token_id!r}")
+        if self.kernel in LONG_KERNELS and self.score == "additive":
+            raise ValueError(f"{s}kernel={self.kernel!r} needs a dot-product-shaped score; "
+                             "score='additive' works with kernel='auto' or 'eager'")
 
 
 @dataclass
@@ -290,6 +335,20 @@ class ModelConfig:
                 raise ValueError(
                     f"position.rotary_dim={rotary_dim} must be even and <= head_dim={self.resolved_head_dim}"
                 )
+        if self.attention.kernel in LONG_KERNELS and pos.scheme == "relative" and pos.relative_values:
+            raise ValueError(f"attention.kernel={self.attention.kernel!r} cannot add Shaw relative embeddings to the "
+                             "values; set position.relative_values=False or pick another position scheme")
+        if self.attention.kernel == "linformer":
+            if self.arch != "encoder":
+                raise ValueError(f"attention.kernel='linformer' is bidirectional only: it needs arch='encoder', "
+                                 f"got arch={self.arch!r}")
+            if pos.scheme in ("relative", "alibi", "t5_bias"):
+                raise ValueError(f"attention.kernel='linformer' cannot use position.scheme={pos.scheme!r} (a bias "
+                                 "per key pair has no meaning over projected keys); use none, sinusoidal, learned, "
+                                 "binary or rotary")
+        if self.attention.global_token_id is not None and self.attention.global_token_id >= self.vocab_size:
+            raise ValueError(f"attention.global_token_id={self.attention.global_token_id} is outside the vocabulary "
+                             f"[0, {self.vocab_size})")
         if self.attention.kernel == "sdpa" and pos.scheme == "relative" and pos.relative_values:
             raise ValueError(
                 "attention.kernel='sdpa' cannot add Shaw relative embeddings to the values; "

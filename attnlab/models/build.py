@@ -7,15 +7,17 @@ from functools import partial
 import torch
 from torch import nn
 
-from attnlab.config import ModelConfig
+from attnlab.config import LONG_KERNELS, ModelConfig
 from attnlab.models.embeddings import Embeddings
 from attnlab.models.heads import ClassificationHead, LMHead, MLMHead, Pooler
 from attnlab.models.transformer import Decoder, Encoder, EncoderDecoder
 from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.layers import FeedForward, TransformerLayer, make_norm
+from attnlab.nn.linformer import LinformerKernel
 from attnlab.nn.positions import (ALiBi, BinaryPositions, LearnedPositions, RelativePositions, RotaryEmbedding,
                                   SinusoidalPositions, T5RelativeBias)
 from attnlab.nn.scores import build_score
+from attnlab.nn.sparse import BigBirdKernel, LongformerKernel, SlidingWindowKernel
 
 
 def _absolute_positions(cfg: ModelConfig) -> nn.Module | None:
@@ -38,8 +40,37 @@ def _position_bias(cfg: ModelConfig, causal: bool) -> nn.Module | None:
     return None
 
 
-def _attention(cfg: ModelConfig, *, self_attention: bool) -> MultiHeadAttention:
+class _TokenFlags:
+    """Holds (B, T) bool flags `input_ids == global_token_id`, set by a hook on a stack's
+    embeddings before its layers run, read by that stack's Longformer kernels."""
+
+    def __init__(self, token_id: int):
+        self.token_id = token_id
+        self.value = None
+
+    def hook(self, module: nn.Module, args: tuple) -> None:
+        self.value = args[0] == self.token_id
+
+
+def _long_kernel(cfg: ModelConfig, layer: int, token_flags: _TokenFlags | None) -> nn.Module | None:
+    att = cfg.attention
+    if att.kernel == "sliding_window":
+        return SlidingWindowKernel(att.window)
+    if att.kernel == "longformer":
+        return LongformerKernel(att.window, att.global_positions, token_flags)
+    if att.kernel == "bigbird":
+        return BigBirdKernel(att.block_size, att.window_blocks, att.global_blocks, att.random_blocks,
+                             att.random_seed + layer)
+    if att.kernel == "linformer":
+        return LinformerKernel(att.linformer_max_len, att.linformer_k, cfg.num_heads, att.linformer_sharing)
+    return None
+
+
+def _attention(cfg: ModelConfig, *, self_attention: bool, causal: bool = False, layer: int = 0,
+               token_flags: _TokenFlags | None = None) -> MultiHeadAttention:
     att, pos, head_dim = cfg.attention, cfg.position, cfg.resolved_head_dim
+    long_kernel = _long_kernel(cfg, layer, token_flags) if self_attention else None
+    kernel = "auto" if att.kernel in LONG_KERNELS and not self_attention else att.kernel  # cross-attention
     rotary = relative = None
     if self_attention and pos.scheme == "rotary":
         rotary = RotaryEmbedding(head_dim, pos.rotary_dim, pos.rotary_base)
@@ -48,21 +79,27 @@ def _attention(cfg: ModelConfig, *, self_attention: bool) -> MultiHeadAttention:
     score = build_score(att.score, cfg.num_heads, head_dim, cosine_temperature=att.cosine_temperature,
                         additive_dim=att.additive_dim)
     return MultiHeadAttention(cfg.d_model, cfg.num_heads, head_dim=head_dim, num_kv_heads=att.num_kv_heads,
-                              bias=att.bias, score=score, kernel=att.kernel, dropout=att.dropout,
-                              rotary=rotary, relative=relative)
+                              bias=att.bias, score=score, kernel=kernel, dropout=att.dropout,
+                              rotary=rotary, relative=relative, long_kernel=long_kernel, causal=causal)
 
 
-def _layers(cfg: ModelConfig, n: int, *, cross: bool) -> list[TransformerLayer]:
+def _layers(cfg: ModelConfig, n: int, *, cross: bool, causal: bool = False,
+            token_flags: _TokenFlags | None = None) -> list[TransformerLayer]:
     norm = partial(make_norm, cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
     return [
         TransformerLayer(
-            _attention(cfg, self_attention=True),
+            _attention(cfg, self_attention=True, causal=causal, layer=i, token_flags=token_flags),
             FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, bias=cfg.ffn_bias),
             cross_attn=_attention(cfg, self_attention=False) if cross else None,
             make_norm=norm, placement=cfg.norm_placement, dropout=cfg.dropout,
         )
-        for _ in range(n)
+        for i in range(n)
     ]
+
+
+def _token_flags(cfg: ModelConfig) -> _TokenFlags | None:
+    att = cfg.attention
+    return _TokenFlags(att.global_token_id) if att.kernel == "longformer" and att.global_token_id is not None else None
 
 
 def _embeddings(cfg: ModelConfig, token: nn.Embedding) -> Embeddings:
@@ -128,22 +165,31 @@ def build_model(config: ModelConfig) -> nn.Module:
         return _build_rnn(cfg)
     token = nn.Embedding(cfg.vocab_size, cfg.d_model)
     if cfg.arch == "decoder":
-        model = Decoder(_embeddings(cfg, token), _layers(cfg, cfg.num_layers, cross=False),
+        flags = _token_flags(cfg)
+        model = Decoder(_embeddings(cfg, token), _layers(cfg, cfg.num_layers, cross=False, causal=True,
+                                                         token_flags=flags),
                         final_norm=_final_norm(cfg), position_bias=_position_bias(cfg, causal=True),
                         head=_head(cfg, token), classifier_pooling=cfg.classifier_pooling)
     elif cfg.arch == "encoder":
-        model = Encoder(_embeddings(cfg, token), _layers(cfg, cfg.num_layers, cross=False),
+        flags = _token_flags(cfg)
+        model = Encoder(_embeddings(cfg, token), _layers(cfg, cfg.num_layers, cross=False, token_flags=flags),
                         final_norm=_final_norm(cfg), position_bias=_position_bias(cfg, causal=False),
                         head=_head(cfg, token), classifier_pooling=cfg.classifier_pooling,
                         pooler=Pooler(cfg.d_model) if cfg.pooler else None)
     else:
         src_token = token if cfg.share_embeddings else nn.Embedding(cfg.resolved_src_vocab_size, cfg.d_model)
-        encoder = Encoder(_embeddings(cfg, src_token), _layers(cfg, cfg.num_layers, cross=False),
+        flags, dec_flags = _token_flags(cfg), _token_flags(cfg)
+        encoder = Encoder(_embeddings(cfg, src_token), _layers(cfg, cfg.num_layers, cross=False, token_flags=flags),
                           final_norm=_final_norm(cfg), position_bias=_position_bias(cfg, causal=False))
-        decoder = Decoder(_embeddings(cfg, token), _layers(cfg, cfg.resolved_decoder_layers, cross=True),
+        decoder = Decoder(_embeddings(cfg, token), _layers(cfg, cfg.resolved_decoder_layers, cross=True, causal=True,
+                                                           token_flags=dec_flags),
                           final_norm=_final_norm(cfg), position_bias=_position_bias(cfg, causal=True),
                           head=_head(cfg, token))
         model = EncoderDecoder(encoder, decoder)
+    stacks = [(model.encoder, flags), (model.decoder, dec_flags)] if cfg.arch == "encoder_decoder" else [(model, flags)]
+    for stack, stack_flags in stacks:
+        if stack_flags is not None:  # longformer's global_token_id: flag the ids before the layers run
+            stack.embed.register_forward_pre_hook(stack_flags.hook)
     if not any(p.is_meta for p in model.parameters()):
         with torch.no_grad():
             init_weights(model, cfg.init_std)

@@ -9,6 +9,13 @@ Notation: B batch, Tq/Tk query/key lengths, D d_model, H query heads, G key/valu
 
 Self-attention passes no `context` (keys and values come from x); cross-attention passes
 the encoder output. The mask is bool, True = may attend, broadcastable to (B, H, Tq, Tk).
+
+Long-input kernels (`sliding_window`, `longformer`, `bigbird`, `linformer`; attnlab.nn.sparse,
+attnlab.nn.linformer) are injected as `long_kernel` and used for self-attention; `causal` says
+whether the layer is a decoder's. They compute the pattern blockwise and AND it with the mask
+given (padding, the decoder's causal mask). With a KV cache or need_weights=True, the sparse
+patterns fall back to the dense kernels with the pattern as a bool mask over the keys so far
+(same results; cost O(Tq * Tk) per call); Linformer refuses a cache (it is encoder-only).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ from torch import Tensor, nn
 
 from attnlab.nn.kernels import attention_weights, sdpa_attention
 from attnlab.nn.kv_cache import LayerKV
+from attnlab.nn.linformer import LinformerKernel
 from attnlab.nn.positions import RelativePositions, RotaryEmbedding
 from attnlab.nn.scores import ScaledDot, ScoreFunction
 
@@ -37,24 +45,39 @@ class MultiHeadAttention(nn.Module):
         rotary: rotate q and k by position (self-attention only).
         relative: Shaw et al. relative position terms (self-attention only).
         kv_dim: width of `context` when it differs from d_model.
+        long_kernel: the module computing a long-input kernel (`SlidingWindowKernel`,
+            `LongformerKernel`, `BigBirdKernel`, `LinformerKernel`); required for those kernels.
+        causal: this is a decoder's self-attention (the long kernels need to know; for the others
+            causality stays the mask's business).
     """
 
     def __init__(self, d_model: int, num_heads: int, *, head_dim: int | None = None,
                  num_kv_heads: int | None = None, bias: bool = True, score: ScoreFunction | None = None,
                  kernel: str = "auto", dropout: float = 0.0, rotary: RotaryEmbedding | None = None,
-                 relative: RelativePositions | None = None, kv_dim: int | None = None):
+                 relative: RelativePositions | None = None, kv_dim: int | None = None,
+                 long_kernel: nn.Module | None = None, causal: bool = False):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = head_dim or d_model // num_heads
         self.num_kv_heads = num_kv_heads or num_heads
         if num_heads % self.num_kv_heads:
             raise ValueError(f"num_kv_heads={self.num_kv_heads} must divide num_heads={num_heads}")
-        if kernel not in ("auto", "eager", "sdpa"):
-            raise ValueError(f"kernel={kernel!r} is not one of auto, eager, sdpa")
+        long_names = ("sliding_window", "longformer", "bigbird", "linformer")
+        if kernel not in ("auto", "eager", "sdpa", *long_names):
+            raise ValueError(f"kernel={kernel!r} is not one of auto, eager, sdpa, {', '.join(long_names)}")
+        if (kernel in long_names) != (long_kernel is not None):
+            raise ValueError(f"kernel={kernel!r} and long_kernel={type(long_kernel).__name__}: the long-input "
+                             "kernels need their module as long_kernel, the others none")
+        if long_kernel is not None and not (score or ScaledDot()).fused:
+            raise ValueError(f"kernel={kernel!r} needs a dot-product-shaped score, got {type(score).__name__}")
+        if long_kernel is not None and relative is not None and relative.value_table is not None:
+            raise ValueError(f"kernel={kernel!r} cannot add Shaw relative embeddings to the values")
         self.score = score if score is not None else ScaledDot()
         if kernel == "sdpa" and not self.score.fused:
             raise ValueError(f"kernel='sdpa' cannot compute score {type(self.score).__name__}")
         self.kernel = kernel
+        self.long_kernel = long_kernel
+        self.causal = causal
         self.dropout = dropout
         self.rotary = rotary
         self.relative = relative
@@ -115,6 +138,19 @@ class MultiHeadAttention(nn.Module):
             bias = rel_bias if bias is None else bias + rel_bias
         dropout_p = self.dropout if self.training else 0.0
 
+        if self.long_kernel is not None and context is None:
+            long = self._long_attention(q, k, v, mask, bias, dropout_p, need_weights, cache)
+            if long is not None:
+                out, weights = long
+                out = out.transpose(1, 2).reshape(B, Tq, self.num_heads * self.head_dim)
+                return self.out_proj(out), weights
+            # a cache or need_weights: the dense kernels below, with the pattern as a mask
+            Tk = k.shape[2]
+            pattern = self.long_kernel.dense_mask(Tk, self.causal, device=q.device, batch=B)
+            pattern = pattern[..., Tk - Tq:, :]  # the rows of the new queries
+            if pattern.dim() == 2:
+                pattern = pattern[None, None]
+            mask = pattern if mask is None else mask & pattern
         if self.uses_fused_kernel(need_weights):
             qs, ks, scale = self.score.prepare(q, k)
             out = sdpa_attention(qs, ks, v, scale=scale, mask=mask, bias=bias, dropout_p=dropout_p,
@@ -134,3 +170,22 @@ class MultiHeadAttention(nn.Module):
                 out = out + self.relative.value_term(dropped, rel_index)
         out = out.transpose(1, 2).reshape(B, Tq, self.num_heads * self.head_dim)
         return self.out_proj(out), weights
+
+    def _long_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
+                        dropout_p: float, need_weights: bool, cache: LayerKV | None) -> tuple[Tensor, Tensor | None] | None:
+        """The long-input kernel's (out (B, H, T, Dh), weights or None), or None to fall back to the
+        dense kernels (sparse patterns under a cache or need_weights)."""
+        if cache is not None or need_weights:
+            if not isinstance(self.long_kernel, LinformerKernel):
+                return None
+        if self.num_kv_heads != self.num_heads:  # the long kernels take one key/value head per query head
+            k = k.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
+            v = v.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
+        qs, ks, scale = self.score.prepare(q, k)
+        if isinstance(self.long_kernel, LinformerKernel):
+            if cache is not None:
+                raise ValueError("attention.kernel='linformer' is encoder-only and takes no KV cache")
+            return self.long_kernel(qs, ks, v, scale=scale, causal=self.causal, mask=mask, bias=bias,
+                                    dropout_p=dropout_p, need_weights=need_weights)
+        out = self.long_kernel(qs, ks, v, scale=scale, causal=self.causal, mask=mask, bias=bias, dropout_p=dropout_p)
+        return out, None
