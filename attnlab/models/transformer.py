@@ -50,6 +50,9 @@ class TransformerStack(nn.Module):
         self.position_bias = position_bias  # ALiBi / T5 bias, computed once, shared by all layers
         self.head = head
         self.classifier_pooling = classifier_pooling
+        # long-input kernels apply causality themselves: a decoder then needs no dense (T, T) mask
+        self.kernel_is_causal = self.causal and any(
+            getattr(layer.self_attn, "long_kernel", None) is not None for layer in self.layers)
 
     @property
     def vocab_size(self) -> int:
@@ -65,7 +68,7 @@ class TransformerStack(nn.Module):
             if not self.causal:
                 raise ValueError("prefix_lengths applies to decoders; an encoder already sees every position")
             structure = prefix_lm_mask(past + T, prefix_lengths)[:, :, past:]
-        elif self.causal:
+        elif self.causal and not (self.kernel_is_causal and past == 0):
             structure = causal_mask(T, past + T, device=device)[None, None]
         if attention_mask is None:
             return structure
