@@ -24,7 +24,7 @@ def _tokens(tok, ids: list[int]) -> list[str]:
 
 def _attention(args: argparse.Namespace) -> int:
     from attnlab.inspect.attention_maps import attention_maps
-    from attnlab.inspect.plots import plot_alignment, plot_head_grid
+    from attnlab.plots import plot_alignment, plot_head_grid
     from attnlab.interop.files import write_safetensors
     from attnlab.serialization import load
 

@@ -100,7 +100,7 @@ def gradient_flow(arch: str, *, seq_len: int = 40, d_model: int = 32, batch_size
 
 def plot_gradient_flow(norms: dict[str, Tensor], path: str | os.PathLike) -> str:
     """Norms against distance from the loss (T - 1 - k), log scale, one line per model."""
-    from attnlab.inspect.plots import plot_lines
+    from attnlab.plots import plot_lines
 
     series = {name: (list(range(len(n) - 1, -1, -1)), n.tolist()) for name, n in norms.items()}
     return plot_lines(series, path, xlabel="distance from the loss (t - k)", ylabel="||dL/dh_k||",

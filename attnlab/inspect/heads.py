@@ -280,7 +280,7 @@ def pruning_curve(model: nn.Module, batches: list[object], scores: dict[str, Ten
 
 def plot_pruning_curve(curves: dict[str, list[tuple[int, float]]], path: str) -> str:
     """Loss against heads removed, one line per ranking (e.g. importance vs random)."""
-    from attnlab.inspect.plots import plot_lines
+    from attnlab.plots import plot_lines
 
     series = {name: ([k for k, _ in c], [v for _, v in c]) for name, c in curves.items()}
     return plot_lines(series, path, xlabel="heads removed", ylabel="loss", title="head pruning")

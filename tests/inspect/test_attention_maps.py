@@ -4,7 +4,7 @@ import torch
 import attnlab.nn.attention as attention_module
 from attnlab import ModelConfig, build_model
 from attnlab.inspect.attention_maps import attention_maps, capture_attention, select_modules, stack_layers
-from attnlab.inspect.plots import plot_alignment, plot_head_grid
+from attnlab.plots import plot_alignment, plot_head_grid
 from tests.models.helpers import ids, tiny
 
 

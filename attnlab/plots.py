@@ -1,4 +1,4 @@
-"""PNG plots for the inspection instruments, drawn with matplotlib's Agg (file-only) backend.
+"""PNG plots (loss curves, attention maps, inspection curves), drawn with matplotlib's Agg backend.
 
 Every function takes plain tensors or lists and a path, draws one figure and writes it
 atomically (a temporary file in the same folder, then a rename), so an interrupted run never
