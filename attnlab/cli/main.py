@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS = ["convert", "demo", "embed", "generate", "inspect", "model", "tokenizer", "translate"]
+SUBCOMMANDS = ["convert", "data", "demo", "embed", "eval", "generate", "inspect", "model", "tokenizer", "train", "translate"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from attnlab.cli.main import SUBCOMMANDS, main
 from attnlab.cli.model import resolve_config
@@ -44,9 +45,55 @@ def test_model_info_reads_a_config_file(tmp_path):
     assert resolve_config(str(path), ["num_layers=3"]).num_layers == 3
 
 
-def test_demo_learns(capsys):
-    assert main(["demo", "--steps", "60"]) == 0
+def test_demo_learns(capsys, tmp_path, monkeypatch):
+    # the demo fetches Shakespeare into the cache; here the cache already holds a small
+    # stand-in corpus (sonnet lines), so the test needs no network
+    from attnlab.cli.demo import RECIPE
+    import random
+
+    lines = [line for line in SONNET.splitlines() if line]
+    rng = random.Random(0)
+    folder = tmp_path / "cache" / "corpora" / "shakespeare"
+    folder.mkdir(parents=True)
+    (folder / "train.txt").write_text("\n".join(rng.choice(lines) for _ in range(400)))
+    (folder / "valid.txt").write_text("\n".join(rng.choice(lines) for _ in range(40)))
+    (folder / "meta.json").write_text("{}")
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
+    assert RECIPE["data"]["source"] == "shakespeare"
+    threads = torch.get_num_threads()
+    try:
+        assert main(["demo", "--steps", "60", "--out", str(tmp_path / "demo"), "--threads", "1",
+                     "--sample-chars", "80"]) == 0
+    finally:
+        torch.set_num_threads(threads)
     out = capsys.readouterr().out
+    assert "validation" in out and (tmp_path / "demo" / "loss.png").exists()
     summary = [line for line in out.splitlines() if line.startswith("summary")][0]
     first, final = (float(x) for x in summary.split("loss ")[1].split(" in ")[0].split(" -> "))
     assert final < first - 1.0
+
+
+SONNET = """Shall I compare thee to a summer's day?
+Thou art more lovely and more temperate:
+Rough winds do shake the darling buds of May,
+And summer's lease hath all too short a date;
+Sometime too hot the eye of heaven shines,
+And often is his gold complexion dimm'd;
+And every fair from fair sometime declines,
+By chance or nature's changing course untrimm'd;
+But thy eternal summer shall not fade,
+Nor lose possession of that fair thou ow'st;
+Nor shall death brag thou wander'st in his shade,
+When in eternal lines to time thou grow'st:
+So long as men can breathe or eyes can see,
+So long lives this, and this gives life to thee.
+"""
+
+
+def test_demo_recipe_is_the_example_file():
+    from pathlib import Path
+
+    from attnlab.cli.demo import RECIPE
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "shakespeare_char.json"
+    assert json.loads(example.read_text()) == RECIPE

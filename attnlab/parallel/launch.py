@@ -1,0 +1,167 @@
+"""Start N local processes joined in one process group, with a deadline (tests, benchmarks).
+
+    results = spawn(fn, world_size=2, args=(x,), timeout_s=60)   # fn(ctx, x) on every rank
+
+Each rank runs `fn(ctx, *args)` with a ParallelContext (gloo on CPU) and sends back its return
+value or its traceback. The parent waits at most `timeout_s`; a rank still running then is
+killed. Any failure raises `WorkerError` naming each rank's fate, so a bug cannot hang the caller.
+For real runs use torchrun (`attnlab train --nproc N` re-launches itself with it).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import queue
+import socket
+import time
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.multiprocessing as mp
+
+
+class WorkerError(RuntimeError):
+    """One or more ranks failed, died or ran past the deadline.
+
+    Attributes:
+        reports: rank -> "ok", the traceback of its exception, or a line on how it ended.
+    """
+
+    def __init__(self, message: str, reports: dict[int, str]):
+        super().__init__(message)
+        self.reports = reports
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, tp: int, timeout_s: float,
+            threads: int, results) -> None:
+    os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(threads)
+    from attnlab.parallel.context import init_from_env, shutdown
+
+    try:
+        ctx = init_from_env(tp, backend="gloo", timeout_s=timeout_s)
+        value = fn(ctx, *args)
+        # plain pickle: tensors travel by value, not as shared memory that dies with this process
+        results.put((rank, "ok", pickle.dumps(value)))
+    except BaseException:  # noqa: BLE001 -- everything goes back to the parent
+        results.put((rank, "error", traceback.format_exc()))
+        results.close()
+        results.join_thread()  # flush the message before leaving without cleanup
+        os._exit(1)  # do not wait in destroy_process_group for peers that may be gone
+    shutdown()
+
+
+def spawn(fn: Callable[..., Any], world_size: int = 2, *, args: tuple = (), tp: int = 1, timeout_s: float = 60.0,
+          collective_timeout_s: float = 30.0, threads: int = 1) -> list[Any]:
+    """Run fn(ctx, *args) on `world_size` new processes and return their results by rank.
+
+    Args:
+        fn: a module-level function (it is pickled by reference for the spawn start method).
+        world_size: processes to start.
+        tp: tensor-parallel degree of the mesh.
+        timeout_s: deadline for the whole run; ranks still alive then are killed.
+        collective_timeout_s: the process group's timeout for one collective.
+        threads: torch threads per process.
+
+    Returns:
+        fn's return value on each rank, in rank order.
+
+    Raises:
+        ValueError: world_size < 1.
+        WorkerError: a rank raised, died or passed the deadline (message names which and how).
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    context = mp.get_context("spawn")
+    results = context.Queue()
+    port = free_port()
+    procs = [context.Process(target=_worker, args=(r, world_size, port, fn, args, tp, collective_timeout_s,
+                                                   threads, results), daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    reports: dict[int, str] = {}
+    values: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    while len(reports) < world_size and time.monotonic() < deadline:
+        try:
+            rank, status, value = results.get(timeout=0.1)
+            reports[rank] = "ok" if status == "ok" else value
+            if status == "ok":
+                values[rank] = pickle.loads(value)
+        except queue.Empty:
+            for r, p in enumerate(procs):  # a rank that died without a word (killed, os._exit)
+                if r not in reports and p.exitcode is not None and p.exitcode != 0:
+                    time.sleep(0.2)  # its message may still be in flight
+                    try:
+                        while True:
+                            rank, status, value = results.get_nowait()
+                            reports[rank] = "ok" if status == "ok" else value
+                            if status == "ok":
+                                values[rank] = pickle.loads(value)
+                    except queue.Empty:
+                        pass
+                    if r not in reports:
+                        reports[r] = f"died with exit code {p.exitcode} without reporting"
+    for r, p in enumerate(procs):
+        if r not in reports:
+            reports[r] = f"still running after the {timeout_s:g} s deadline (killed)"
+        p.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())) if p.is_alive() else None)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    failed = {r: text for r, text in sorted(reports.items()) if text != "ok"}
+    if failed:
+        lines = [f"rank {r}: {text.strip().splitlines()[-1] if text.strip() else text}" for r, text in failed.items()]
+        raise WorkerError(f"{len(failed)} of {world_size} ranks failed:\n" + "\n".join(lines), reports)
+    return [values[r] for r in range(world_size)]
+
+
+def pop_nproc(items: list[str]) -> tuple[int, list[str]]:
+    """Take `--nproc N` / `--nproc=N` out of a command's trailing arguments.
+
+    Returns:
+        (N, the other items); N = 1 when absent.
+
+    Raises:
+        ValueError: a value that is not a positive integer.
+    """
+    rest, nproc, i = [], 1, 0
+    while i < len(items):
+        item = items[i]
+        if item == "--nproc" or item.startswith("--nproc="):
+            raw = item.partition("=")[2] if "=" in item else (items[i + 1] if i + 1 < len(items) else "")
+            i += 1 if "=" in item else 2
+            if not raw.isdigit() or int(raw) < 1:
+                raise ValueError(f"--nproc expects a positive integer, got {raw!r}")
+            nproc = int(raw)
+            continue
+        rest.append(item)
+        i += 1
+    return nproc, rest
+
+
+def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
+    """The command that starts `attnlab ARGV` on `nproc` local processes with torch.distributed.run."""
+    import sys
+
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+            "-m", "attnlab.cli.main", *argv]
+
+
+def relaunch(nproc: int, argv: list[str]) -> int:
+    """Run `attnlab ARGV` under torchrun on `nproc` processes; its exit code (non-zero when a rank failed)."""
+    import subprocess
+
+    print("launching: " + " ".join(torchrun_command(nproc, argv)), flush=True)
+    return subprocess.call(torchrun_command(nproc, argv))

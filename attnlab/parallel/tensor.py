@@ -1,0 +1,277 @@
+"""Megatron-style tensor parallelism as module surgery on a model from `attnlab.build_model`.
+
+Shoeybi et al. 2019, https://arxiv.org/abs/1909.08053. Notation: n tensor-parallel ranks, r this
+rank, H/G query/key-value heads, Dh head_dim, F d_ff, V vocabulary; f and g the conjugate
+operators of `attnlab.parallel.comm` (f: all-reduce backward, g: all-reduce forward).
+
+    FeedForward     x -f-> w1, w3 column-parallel (F/n rows each) -> act -> w2 row-parallel -g-> + b2
+    attention       x -f-> q (H/n heads), k, v (G/n kv heads) -> softmax(...) v -> out_proj row-parallel -g-> + b
+    embedding       rows [r V/n, (r+1) V/n) of E; ids outside give 0, then g sums the ranks
+    LM / MLM head   h -f-> logits of the local vocabulary slice (B, T, V/n), all-gathered to
+                    (B, T, V) unless gather_output=False (then use vocab_parallel_cross_entropy)
+
+One all-reduce forward and one backward per attention and per feed-forward block. Norms,
+absolute positions, pooler and classifier heads stay replicated; their gradients agree on every
+rank. Per-head parameters are sliced: T5 bias columns, ALiBi slopes, the `general`/`additive`
+score weights. Parameters shared by all heads inside the parallel region (Shaw relative tables)
+stay whole and their gradients are all-reduced over the group.
+
+Supported: decoder, encoder and encoder-decoder Transformers; scores scaled_dot, dot, cosine,
+general, additive; positions none, sinusoidal, learned, binary, rotary, relative, alibi, t5_bias;
+grouped kv heads when n divides G. Refused with ValueError: the RNN architecture, the long-input
+kernels (sliding_window, longformer, bigbird, linformer), head counts, d_ff or vocabularies that
+n does not divide. Dropout draws from each rank's generator: seed ranks alike for replicated
+regions to match. KV-cache decoding on a sharded model is refused (save the full model, decode with it).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from attnlab.config import LONG_KERNELS, ModelConfig
+from attnlab.models.embeddings import Embeddings
+from attnlab.models.heads import LMHead, MLMHead
+from attnlab.nn.attention import MultiHeadAttention
+from attnlab.nn.layers import FeedForward
+from attnlab.nn.positions import ALiBi, T5RelativeBias
+from attnlab.nn.scores import Additive, General
+from attnlab.parallel.comm import (all_reduce_sum, copy_to_parallel, gather_from_parallel, group_rank, group_size,
+                                   reduce_from_parallel)
+
+
+def _shard(t: Tensor, dim: int, n: int, r: int) -> nn.Parameter:
+    """Chunk r of n along dim, as a Parameter that remembers its split (`tp_dim`)."""
+    p = nn.Parameter(t.detach().chunk(n, dim=dim)[r].clone(), requires_grad=t.requires_grad)
+    p.tp_dim = dim
+    return p
+
+
+class RowParallelLinear(nn.Linear):
+    """y = g(x_r W_r^T) + b: the input features are split over the ranks, the output is whole."""
+
+    def __init__(self, source: nn.Linear, group, n: int, r: int):
+        with torch.device("meta"):
+            super().__init__(source.in_features // n, source.out_features, bias=source.bias is not None)
+        self.group = group
+        self.weight = _shard(source.weight, 1, n, r)
+        if source.bias is not None:
+            self.bias = nn.Parameter(source.bias.detach().clone())
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = reduce_from_parallel(F.linear(x, self.weight), self.group)  # (..., out) summed over ranks
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Rows [start, start + V/n) of a (V, D) embedding; `num_embeddings` stays the full V."""
+
+    def __init__(self, source: nn.Embedding, group, n: int, r: int):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = source.num_embeddings, source.embedding_dim
+        self.group = group
+        self.start = r * source.num_embeddings // n
+        self.weight = _shard(source.weight, 0, n, r)
+
+    def forward(self, ids: Tensor) -> Tensor:
+        local = ids - self.start
+        outside = (local < 0) | (local >= self.weight.shape[0])
+        h = F.embedding(local.masked_fill(outside, 0), self.weight)  # (B, T, D)
+        h = h.masked_fill(outside[..., None], 0.0)
+        return reduce_from_parallel(h, self.group)
+
+
+class VocabParallelLinear(nn.Module):
+    """Logits of the local vocabulary slice; all-gathered to (..., V) when `gather_output`."""
+
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, vocab_size: int, group,
+                 gather_output: bool):
+        super().__init__()
+        self.weight, self.bias = weight, bias
+        self.in_features, self.out_features = weight.shape[1], vocab_size
+        self.group, self.gather_output = group, gather_output
+
+    def forward(self, h: Tensor) -> Tensor:
+        logits = F.linear(copy_to_parallel(h, self.group), self.weight, self.bias)  # (..., V/n)
+        return gather_from_parallel(logits, self.group) if self.gather_output else logits
+
+
+def vocab_parallel_cross_entropy(local_logits: Tensor, targets: Tensor, group=None,
+                                 ignore_index: int = -100) -> Tensor:
+    """Mean cross-entropy from vocabulary-sharded logits, never forming the full (N, V) row.
+
+    log-softmax needs max and sum over the whole vocabulary: two all-reduces of (N,) numbers
+    and one of the target logit, instead of gathering (N, V) logits (Megatron-LM, section 3).
+
+    Args:
+        local_logits: (..., V/n), this rank's slice [r V/n, (r+1) V/n).
+        targets: (...) global ids; `ignore_index` entries take no loss.
+        group: the tensor-parallel group.
+
+    Returns:
+        the scalar mean over the non-ignored targets (equal to F.cross_entropy on the full logits).
+    """
+    n, r = group_size(group), group_rank(group)
+    v_local = local_logits.shape[-1]
+    x = local_logits.reshape(-1, v_local).float()
+    t = targets.reshape(-1)
+    keep = t != ignore_index
+    with torch.no_grad():
+        m = x.max(-1).values
+        if n > 1:
+            torch.distributed.all_reduce(m, op=torch.distributed.ReduceOp.MAX, group=group)
+    shifted = x - m[:, None]  # the max is a constant shift: no gradient needed through it
+    sum_exp = reduce_from_parallel(shifted.exp().sum(-1), group)  # (N,)
+    local = t - r * v_local
+    mine = (local >= 0) & (local < v_local) & keep
+    picked = shifted.gather(1, local.clamp(0, v_local - 1)[:, None])[:, 0] * mine  # (N,)
+    target_logit = reduce_from_parallel(picked, group)
+    losses = (sum_exp.log() - target_logit) * keep
+    return losses.sum() / keep.sum().clamp(min=1)
+
+
+def check_supported(config: ModelConfig, n: int) -> None:
+    """Raise ValueError when `config` cannot be split over n tensor-parallel ranks.
+
+    Args:
+        config: the model's config.
+        n: tensor-parallel degree.
+
+    Raises:
+        ValueError: the message names the field, its value and what n requires.
+    """
+    if config.arch == "rnn_encoder_decoder":
+        raise ValueError("tensor parallel supports the Transformer archs (decoder, encoder, encoder_decoder), "
+                         "not arch='rnn_encoder_decoder'")
+    if config.attention.kernel in LONG_KERNELS:
+        raise ValueError(f"tensor parallel does not support attention.kernel={config.attention.kernel!r}; use "
+                         "auto, eager or sdpa")
+    kv = config.attention.num_kv_heads or config.num_heads
+    checks = [("num_heads", config.num_heads), ("attention.num_kv_heads", kv), ("d_ff", config.d_ff),
+              ("vocab_size", config.vocab_size)]
+    if config.arch == "encoder_decoder":
+        checks.append(("src_vocab_size", config.resolved_src_vocab_size))
+    for name, value in checks:
+        if value % n:
+            raise ValueError(f"{name}={value} is not divisible by the tensor-parallel size {n}; choose a tp "
+                             f"that divides it" + (" (pad the vocabulary to a multiple of tp)" if "vocab" in name else ""))
+
+
+def _enter_parallel(group):
+    """A forward pre-hook applying f to the attention/ffn input (and a cross-attention context)."""
+
+    def hook(module, args, kwargs):
+        if kwargs.get("cache") is not None:
+            raise ValueError("KV-cache decoding is not supported on a tensor-parallel model; save it with "
+                             "save_full_checkpoint and generate with the whole model")
+        args = tuple(copy_to_parallel(a, group) if i < 2 and isinstance(a, Tensor) else a for i, a in enumerate(args))
+        if isinstance(kwargs.get("context"), Tensor):
+            kwargs = {**kwargs, "context": copy_to_parallel(kwargs["context"], group)}
+        return args, kwargs
+
+    return hook
+
+
+def _reduce_grad_hook(group):
+    return lambda grad: all_reduce_sum(grad, group)
+
+
+def _shard_attention(attn: MultiHeadAttention, group, n: int, r: int) -> None:
+    sharded = set()
+    for name in ("q_proj", "k_proj", "v_proj"):
+        lin = getattr(attn, name)
+        lin.weight = _shard(lin.weight, 0, n, r)
+        if lin.bias is not None:
+            lin.bias = _shard(lin.bias, 0, n, r)
+        lin.out_features = lin.weight.shape[0]
+        sharded.update((id(lin.weight), id(lin.bias)))
+    attn.out_proj = RowParallelLinear(attn.out_proj, group, n, r)
+    sharded.update(id(p) for p in attn.out_proj.parameters())
+    if isinstance(attn.score, General):
+        attn.score.weight = _shard(attn.score.weight, 0, n, r)
+    elif isinstance(attn.score, Additive):
+        for name in ("w_q", "w_k", "v"):
+            setattr(attn.score, name, _shard(getattr(attn.score, name), 0, n, r))
+    sharded.update(id(p) for p in attn.score.parameters())
+    attn.num_heads //= n
+    attn.num_kv_heads //= n
+    for p in attn.parameters():  # shared by every head (Shaw tables): partial gradients per rank
+        if id(p) not in sharded and p.requires_grad:
+            p.register_hook(_reduce_grad_hook(group))
+    attn.register_forward_pre_hook(_enter_parallel(group), with_kwargs=True)
+
+
+def _shard_ffn(ffn: FeedForward, group, n: int, r: int) -> None:
+    for lin in (ffn.w1, ffn.w3):
+        if lin is not None:
+            lin.weight = _shard(lin.weight, 0, n, r)
+            if lin.bias is not None:
+                lin.bias = _shard(lin.bias, 0, n, r)
+            lin.out_features = lin.weight.shape[0]
+    ffn.w2 = RowParallelLinear(ffn.w2, group, n, r)
+    ffn.register_forward_pre_hook(_enter_parallel(group), with_kwargs=True)
+
+
+def _shard_output(lin: nn.Linear, vocab: int, embeddings: dict[int, nn.Parameter], group, n: int, r: int,
+                  gather_output: bool) -> VocabParallelLinear:
+    weight = embeddings.get(id(lin.weight))  # tied: the embedding's shard
+    weight = _shard(lin.weight, 0, n, r) if weight is None else weight
+    bias = _shard(lin.bias, 0, n, r) if lin.bias is not None else None
+    return VocabParallelLinear(weight, bias, vocab, group, gather_output)
+
+
+def tensor_parallel(model: nn.Module, group=None, *, gather_output: bool = True) -> nn.Module:
+    """Split `model` in place over the tensor-parallel `group`; every rank passes the same full model.
+
+    A full checkpoint therefore loads into a tensor-parallel model by loading it whole and then
+    calling this (shard on load); `gather_full_state` goes back (gather on save).
+
+    Args:
+        model: a Transformer from `attnlab.build_model` (or `attnlab.load`), identical on every rank.
+        group: the tensor-parallel process group (`ParallelContext.tp_group`); None = the default group.
+        gather_output: LM/MLM heads all-gather their logits to (B, T, V) (the model's usual contract);
+            False keeps (B, T, V/n) for `vocab_parallel_cross_entropy`.
+
+    Returns:
+        the same model object, with `model.tp_size` and `model.tp_group` set.
+
+    Raises:
+        ValueError: a config the surgery does not support (see the module docstring).
+        TypeError: a model without `.config`.
+    """
+    config = getattr(model, "config", None)
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"tensor_parallel expects a model from attnlab.build_model (with .config), got "
+                        f"{type(model).__name__}")
+    if getattr(model, "tp_size", 1) > 1:
+        raise ValueError("this model is already tensor-parallel")
+    n, r = group_size(group), group_rank(group)
+    check_supported(config, n)
+    model.tp_size, model.tp_group = n, group
+    if n == 1:
+        return model
+    modules = list(model.modules())
+    shared: dict[int, VocabParallelEmbedding] = {}
+    embedding_params: dict[int, nn.Parameter] = {}
+    for m in modules:
+        if isinstance(m, Embeddings):
+            if id(m.token) not in shared:
+                old = m.token.weight
+                shared[id(m.token)] = VocabParallelEmbedding(m.token, group, n, r)
+                embedding_params[id(old)] = shared[id(m.token)].weight
+            m.token = shared[id(m.token)]
+    for m in modules:
+        if isinstance(m, MultiHeadAttention):
+            _shard_attention(m, group, n, r)
+        elif isinstance(m, FeedForward):
+            _shard_ffn(m, group, n, r)
+        elif isinstance(m, LMHead):
+            m.proj = _shard_output(m.proj, config.vocab_size, embedding_params, group, n, r, gather_output)
+        elif isinstance(m, MLMHead):
+            m.decoder = _shard_output(m.decoder, config.vocab_size, embedding_params, group, n, r, gather_output)
+        elif isinstance(m, T5RelativeBias):
+            m.weight = _shard(m.weight, 1, n, r)  # (buckets, H) -> (buckets, H/n)
+        elif isinstance(m, ALiBi):
+            m.slopes = m.slopes.chunk(n)[r].clone()
+    return model
