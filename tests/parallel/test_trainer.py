@@ -1,0 +1,86 @@
+"""`Trainer` under data parallel (2 ranks, the torchrun environment variables): it takes exactly
+the steps of one process with twice the gradient accumulation, only rank 0 writes, and its
+mid-run checkpoint resumes in one process to the same end."""
+
+import copy
+
+import pytest
+import torch
+
+import attnlab
+from attnlab.parallel import spawn
+from attnlab.parallel.launch import pop_nproc, torchrun_command
+from attnlab.training import TrainConfig, Trainer
+from attnlab.training.checkpoint import checkpoint_name
+from tests.parallel.workers import trainer_dp
+from tests.training.helpers import tiny_config
+
+
+def _config(folder, out, grad_accum):
+    cfg = tiny_config(folder, out_dir=str(out), max_steps=4, eval_every=4, checkpoint_every=2, grad_accum=grad_accum)
+    cfg["model"]["dropout"] = 0.0  # ranks draw dropout masks from their own generators
+    return cfg
+
+
+def _params(trainer):
+    return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("trainer")
+    dp_cfg = _config(folder / "data", folder / "dp", grad_accum=1)
+    results = spawn(trainer_dp, 2, args=(dp_cfg,), timeout_s=150, collective_timeout_s=60)
+    single = Trainer(TrainConfig.from_dict(_config(folder / "data", folder / "single", grad_accum=2)),
+                     log=lambda text: None, show_progress=False)
+    single.fit()
+    return folder, results, single
+
+
+def test_two_ranks_equal_one_process_with_double_accumulation(runs):
+    folder, results, single = runs
+    assert results[0]["trainer"] == "ok", results[0]["trainer"]
+    assert results[1]["trainer"] == "ok", results[1]["trainer"]
+    dp = attnlab.load(folder / "dp" / "final_model").state_dict()
+    for name, t in _params(single).items():
+        torch.testing.assert_close(dp[name], t, atol=1e-6, rtol=0, msg=lambda m: f"{name}: {m}")
+    written = sorted(p.name for p in (folder / "dp" / "checkpoints").iterdir() if p.name.startswith("step"))
+    assert written == sorted(p.name for p in (folder / "single" / "checkpoints").iterdir() if p.name.startswith("step"))
+    lines = (folder / "dp" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == len((folder / "single" / "metrics.jsonl").read_text().splitlines())  # written once
+
+
+def test_dp_checkpoint_resumes_in_one_process(runs, tmp_path):
+    folder, results, single = runs
+    assert results[0]["trainer"] == "ok"
+    cfg = _config(folder / "data", tmp_path / "resumed", grad_accum=2)
+    trainer = Trainer(TrainConfig.from_dict(copy.deepcopy(cfg)), log=lambda text: None, show_progress=False)
+    assert trainer.resume(folder / "dp" / "checkpoints" / checkpoint_name(2))
+    trainer.fit()
+    assert trainer.step == 4
+    for name, t in _params(single).items():
+        torch.testing.assert_close(_params(trainer)[name], t, atol=1e-6, rtol=0, msg=lambda m: f"{name}: {m}")
+
+
+def test_nproc_flag_is_taken_out_and_becomes_a_torchrun_command():
+    assert pop_nproc(["--optim.lr", "1e-3", "--nproc", "2", "--resume"]) == (2, ["--optim.lr", "1e-3", "--resume"])
+    assert pop_nproc(["--nproc=4"]) == (4, [])
+    with pytest.raises(ValueError, match="--nproc expects a positive integer"):
+        pop_nproc(["--nproc", "zero"])
+    cmd = torchrun_command(2, ["train", "run.json"])
+    assert cmd[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    assert cmd[-3:] == ["attnlab.cli.main", "train", "run.json"]
+
+
+@pytest.mark.slow
+def test_attnlab_train_nproc_2_runs_under_torchrun(tmp_path, capsys):
+    import json
+
+    from attnlab.cli.main import main
+
+    cfg = _config(tmp_path / "data", tmp_path / "run", grad_accum=1)
+    (tmp_path / "run.json").write_text(json.dumps(cfg))
+    assert main(["train", str(tmp_path / "run.json"), "--nproc", "2"]) == 0
+    assert "torch.distributed.run" in capsys.readouterr().out
+    assert (tmp_path / "run" / "checkpoints" / checkpoint_name(4)).is_dir()
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 4 + 1  # 4 steps + 1 eval, once
