@@ -29,7 +29,7 @@ NORMS = ("layernorm", "rmsnorm")
 PLACEMENTS = ("post", "pre", "both")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "reglu", "geglu", "geglu_tanh", "swiglu")
 SINUSOIDAL_LAYOUTS = ("interleaved", "halves")
-HEADS = ("none", "lm", "mlm", "classification")
+HEADS = ("none", "lm", "mlm", "classification", "token_classification", "regression")
 POOLINGS = ("first", "last", "mean")
 
 
@@ -226,6 +226,8 @@ class ModelConfig:
         stack of an encoder-decoder (None = num_layers).
     head: what `forward` returns on top of the last hidden state — `lm` (next-token logits),
         `mlm` (BERT's transform + tied decoder), `classification` (num_labels logits),
+        `token_classification` (num_labels logits per token, (B, T, num_labels)),
+        `regression` (one number per sequence, (B,), pooled like classification),
         `none` (hidden states). None picks `lm` for decoders and encoder-decoders, `none`
         for encoders.
     """
@@ -302,8 +304,8 @@ class ModelConfig:
         _choice("", "head", self.head, HEADS)
         if self.head == "mlm" and self.arch != "encoder":
             raise ValueError(f"head='mlm' needs arch='encoder', got arch={self.arch!r}")
-        if self.head == "classification" and self.arch == "encoder_decoder":
-            raise ValueError("head='classification' is for arch='encoder' or 'decoder'")
+        if self.head in ("classification", "token_classification", "regression") and self.arch == "encoder_decoder":
+            raise ValueError(f"head={self.head!r} is for arch='encoder' or 'decoder'")
         if self.head == "lm" and self.arch == "encoder":
             raise ValueError("head='lm' is for decoders; an encoder takes head='mlm', 'classification' or 'none'")
         if self.pooler and self.arch != "encoder":

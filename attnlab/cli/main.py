@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS = ["convert", "data", "demo", "embed", "eval", "generate", "inspect", "model", "parallel", "tokenizer", "train", "translate"]
+SUBCOMMANDS = ["convert", "data", "demo", "embed", "eval", "finetune", "generate", "inspect", "model", "parallel", "predict", "tokenizer", "train", "translate"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,7 +9,8 @@ from torch import nn
 
 from attnlab.config import LONG_KERNELS, ModelConfig
 from attnlab.models.embeddings import Embeddings
-from attnlab.models.heads import ClassificationHead, LMHead, MLMHead, Pooler
+from attnlab.models.heads import (ClassificationHead, LMHead, MLMHead, Pooler, RegressionHead,
+                                  TokenClassificationHead)
 from attnlab.models.transformer import Decoder, Encoder, EncoderDecoder
 from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.layers import FeedForward, TransformerLayer, make_norm
@@ -121,6 +122,10 @@ def _head(cfg: ModelConfig, token: nn.Embedding) -> nn.Module | None:
         return MLMHead(cfg.d_model, cfg.vocab_size, activation=cfg.activation, norm=norm, tied=tied)
     if cfg.head == "classification":
         return ClassificationHead(cfg.d_model, cfg.num_labels, cfg.dropout)
+    if cfg.head == "token_classification":
+        return TokenClassificationHead(cfg.d_model, cfg.num_labels, cfg.dropout)
+    if cfg.head == "regression":
+        return RegressionHead(cfg.d_model, cfg.dropout)
     return None
 
 

@@ -86,3 +86,28 @@ class ClassificationHead(nn.Module):
 
     def forward(self, pooled: Tensor) -> Tensor:
         return self.proj(self.dropout(pooled))
+
+
+class RegressionHead(ClassificationHead):
+    """Dropout + linear on a pooled vector (B, D) -> (B,): one real number per sequence,
+    trained with mean squared error (BERT's STS-B recipe, Devlin et al. 2019,
+    https://arxiv.org/abs/1810.04805). A ClassificationHead subclass, so the stack pools
+    before it exactly as for classification."""
+
+    def __init__(self, d_model: int, dropout: float = 0.1):
+        super().__init__(d_model, 1, dropout)
+
+    def forward(self, pooled: Tensor) -> Tensor:
+        return super().forward(pooled).squeeze(-1)  # (B,)
+
+
+class TokenClassificationHead(nn.Module):
+    """Dropout + linear on every position (B, T, D) -> (B, T, num_labels) (BERT's NER head)."""
+
+    def __init__(self, d_model: int, num_labels: int, dropout: float = 0.1):
+        super().__init__()
+        self.dropout = nn.Dropout(dropout)
+        self.proj = nn.Linear(d_model, num_labels)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.proj(self.dropout(hidden))  # (B, T, num_labels)

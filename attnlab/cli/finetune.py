@@ -1,0 +1,44 @@
+"""`attnlab finetune CONFIG`: fine-tune a pretrained model on a labelled CSV/JSONL task.
+
+The config (YAML or JSON) names the model (`minilm`, an attnlab or Hugging Face folder, or an
+`attnlab train` run folder), the data files and columns, the recipe (lr, layer_decay,
+reinit_layers, freeze_embeddings, freeze_layers, lm_loss_weight, ...) and the seed sweep; see
+attnlab.finetune.job. Relative paths are relative to the working folder. The output
+folder gets the fine-tuned model (attnlab.save, with tokenizer and labels.json), summary.json,
+metrics.jsonl and a confusion matrix (text and PNG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "finetune", help="fine-tune a pretrained model on a classification task", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example: attnlab finetune examples/finetune/translation_pairs_minilm.json --out-dir runs/pairs")
+    parser.add_argument("config", help="finetune config (.json, .yaml or .yml)")
+    parser.add_argument("--out-dir", default=None, help="override the config's out_dir (relative to the cwd)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (1 on a busy machine)")
+    parser.add_argument("--max-steps", type=int, default=None, help="override recipe.max_steps")
+    parser.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from attnlab.finetune.job import run_finetune
+    from attnlab.training.config import load_config_file
+
+    path = Path(args.config)
+    config = load_config_file(path)
+    if args.out_dir is not None:
+        config["out_dir"] = str(Path(args.out_dir).resolve())
+    if args.threads is not None:
+        config["threads"] = args.threads
+    if args.max_steps is not None:
+        config.setdefault("recipe", {})["max_steps"] = args.max_steps
+    print(json.dumps(config, indent=2))
+    run_finetune(config)
+    return 0

@@ -1,0 +1,89 @@
+"""`attnlab predict CKPT --input FILE --output FILE`: batch inference with a fine-tuned model.
+
+CKPT is the `model/` folder written by `attnlab finetune` (attnlab.save + labels.json). The
+input is CSV/TSV/JSONL with the text (and text-pair) column; the output (.jsonl or .csv) has
+one row per input row: the input columns plus `prediction` (the label) and `score` (its
+probability), or the predicted number for a regression head. Written atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+from pathlib import Path
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "predict", help="label a CSV/JSONL file with a fine-tuned model", description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example: attnlab predict runs/pairs/model --input pairs.csv --text-pair-column text_pair "
+               "--output predictions.jsonl")
+    parser.add_argument("checkpoint", help="a model folder written by `attnlab finetune` (its model/ folder)")
+    parser.add_argument("--input", required=True, help="input .csv, .tsv or .jsonl")
+    parser.add_argument("--output", required=True, help="output .jsonl or .csv (written atomically)")
+    parser.add_argument("--text-column", default="text", help="text column (default text)")
+    parser.add_argument("--text-pair-column", default=None, help="second text column for pair tasks")
+    parser.add_argument("--batch-size", type=int, default=64, help="examples per forward pass")
+    parser.set_defaults(func=_main)
+
+
+def predict_file(checkpoint: str, input_path: str, output_path: str, *, text_column: str = "text",
+                 text_pair_column: str | None = None, batch_size: int = 64) -> int:
+    """Label `input_path` with the model in `checkpoint` and write `output_path`; returns the row count.
+
+    Raises:
+        FileNotFoundError: no model folder or input file.
+        ValueError: a missing column, an empty file, an unknown output suffix.
+    """
+    from attnlab.finetune.data import LabelMap, read_examples
+    from attnlab.finetune.job import LABELS_FILE, SETTINGS_FILE
+    from attnlab.finetune.runner import predict
+    from attnlab.serialization import load
+    from attnlab.utils import atomic_write_text
+
+    folder, out = Path(checkpoint), Path(output_path)
+    if out.suffix.lower() not in (".jsonl", ".csv"):
+        raise ValueError(f"--output must end in .jsonl or .csv, got {out.name!r}")
+    model, tokenizer = load(folder, with_tokenizer=True)
+    if tokenizer is None:
+        raise FileNotFoundError(f"{folder} has no tokenizer.json (use the model/ folder of `attnlab finetune`)")
+    settings = json.loads((folder / SETTINGS_FILE).read_text(encoding="utf-8")) if (folder / SETTINGS_FILE).is_file() else {}
+    labels = LabelMap.load(folder / LABELS_FILE) if (folder / LABELS_FILE).is_file() else None
+    examples = read_examples(input_path, text_column=text_column, text_pair_column=text_pair_column, label_column=None)
+    out_t = predict(model, tokenizer, examples, max_length=settings.get("max_length", 128),
+                    pad_id=settings.get("pad_id", 0), padding_side=settings.get("padding_side", "right"),
+                    batch_size=batch_size)
+    rows = []
+    for ex, o in zip(examples, out_t):
+        row = {text_column: ex.text}
+        if text_pair_column:
+            row[text_pair_column] = ex.text_pair
+        if model.config.head == "regression":
+            row["prediction"] = float(o)
+        else:
+            probs = o.softmax(-1)
+            k = int(probs.argmax())
+            row["prediction"] = labels.labels[k] if labels is not None else k
+            row["score"] = round(float(probs[k]), 6)
+        rows.append(row)
+    if out.suffix.lower() == ".jsonl":
+        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    else:
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+        text = buf.getvalue()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, text)
+    return len(rows)
+
+
+def _main(args: argparse.Namespace) -> int:
+    n = predict_file(args.checkpoint, args.input, args.output, text_column=args.text_column,
+                     text_pair_column=args.text_pair_column, batch_size=args.batch_size)
+    print(f"predict: {n} rows -> {args.output}")
+    return 0

@@ -1,0 +1,178 @@
+"""Task builders: labelled CSV splits from the built-in corpora, deterministic given a seed.
+
+    translation_pairs   (pair task) is `text_pair` (German) a translation of `text` (English)?
+                        From the `de-en` corpus (Ding dictionary sentence pairs). Each English
+                        sentence appears twice: with its own German sentence (label 1) and with
+                        another one (label 0) — a random one, or (hard_fraction of the time) the
+                        German sentence of the nearest length. Splits are by English sentence,
+                        so no sentence crosses splits.
+    shakespeare_plays   (single text) which play is a line from? From the `shakespeare` corpus:
+                        speech lines of >= min_words words from a few plays, balanced per play.
+
+Both write `train.csv`, `valid.csv`, `test.csv` (header text[,text_pair],label) with an atomic
+write each, and return their paths. Same seed and corpus -> byte-identical files.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import io
+import os
+import random
+from pathlib import Path
+from typing import Sequence
+
+from attnlab.utils import atomic_write_text
+
+DEFAULT_PLAYS = ("Hamlet", "A Midsummer Night's Dream", "Henry V")
+SPLITS = ("train", "valid", "test")
+
+
+def _write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[str]]) -> Path:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(rows)
+    atomic_write_text(path, buf.getvalue())
+    return path
+
+
+def _sizes(n_train: int, n_valid: int, n_test: int) -> tuple[int, int, int]:
+    for name, n in (("n_train", n_train), ("n_valid", n_valid), ("n_test", n_test)):
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {n!r}")
+    return n_train, n_valid, n_test
+
+
+def make_pair_examples(pairs: Sequence[tuple[str, str]], rng: random.Random, hard_fraction: float
+                       ) -> list[tuple[str, str, str]]:
+    """(english, german, label) rows: each pair once positive and once with another pair's German.
+
+    A hard negative is the German sentence nearest in length (characters) among the other
+    pairs; a random negative is any other pair's German sentence."""
+    if len(pairs) < 2:
+        raise ValueError("need at least 2 pairs to build negatives")
+    by_len = sorted(range(len(pairs)), key=lambda i: (len(pairs[i][1]), i))
+    lengths = [len(pairs[i][1]) for i in by_len]
+    rows = []
+    for i, (en, de) in enumerate(pairs):
+        rows.append((en, de, "1"))
+        if rng.random() < hard_fraction:
+            pos = bisect.bisect_left(lengths, len(de))
+            near = [by_len[j] for j in range(max(0, pos - 3), min(len(by_len), pos + 4)) if by_len[j] != i]
+            j = min(near, key=lambda k: (abs(len(pairs[k][1]) - len(de)), k))
+        else:
+            j = rng.randrange(len(pairs) - 1)
+            j = j + 1 if j >= i else j
+        rows.append((en, pairs[j][1], "0"))
+    return rows
+
+
+def translation_pairs(out_dir: str | os.PathLike, *, seed: int = 0, n_train: int = 6000, n_valid: int = 300,
+                      n_test: int = 500, hard_fraction: float = 0.5,
+                      source: str | os.PathLike | None = None) -> dict[str, Path]:
+    """Write the translation-pair task (see the module docstring).
+
+    Args:
+        out_dir: folder for train.csv, valid.csv, test.csv.
+        seed: picks the sentences, the negatives and the order.
+        n_train, n_valid, n_test: English sentences per split (each gives 2 rows).
+        hard_fraction: share of negatives that are length-matched.
+        source: a TSV of english<TAB>german pairs (default: the `de-en` corpus' train.tsv, fetched).
+
+    Returns:
+        {"train": path, "valid": path, "test": path}.
+
+    Raises:
+        ValueError: bad sizes, or fewer pairs than asked for.
+    """
+    from attnlab.data.sources import read_pairs
+
+    sizes = _sizes(n_train, n_valid, n_test)
+    if not 0 <= hard_fraction <= 1:
+        raise ValueError(f"hard_fraction must be in [0, 1], got {hard_fraction}")
+    if source is None:
+        from attnlab.data.corpora import split_files
+
+        source = split_files("de-en")["train"]
+    pairs = sorted(set(read_pairs(source)))
+    if len(pairs) < sum(sizes):
+        raise ValueError(f"{source} has {len(pairs)} distinct pairs; {sum(sizes)} requested")
+    rng = random.Random(seed)
+    chosen = rng.sample(pairs, sum(sizes))
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths, start = {}, 0
+    for split, n in zip(SPLITS, sizes):
+        rows = make_pair_examples(chosen[start:start + n], rng, hard_fraction)
+        rng.shuffle(rows)
+        paths[split] = _write_csv(out / f"{split}.csv", ("text", "text_pair", "label"), rows)
+        start += n
+    return paths
+
+
+def play_lines(text: str, min_words: int = 6) -> list[str]:
+    """Speech lines of one play's plain text: not headings (ACT/SCENE), speaker tags (NAME:)
+    or stage directions (Enter/Exit/Exeunt/Re-enter), with at least `min_words` words."""
+    skip = ("ACT ", "SCENE ", "Enter ", "Exit", "Exeunt", "Re-enter", "Flourish", "Alarum")
+    out = []
+    for line in text.splitlines()[1:]:
+        line = line.strip()
+        if len(line.split()) < min_words or line.endswith(":") or line.startswith(skip) or line.isupper():
+            continue
+        out.append(line)
+    return out
+
+
+def shakespeare_plays(out_dir: str | os.PathLike, *, plays: Sequence[str] = DEFAULT_PLAYS, seed: int = 0,
+                      n_train: int = 400, n_valid: int = 60, n_test: int = 100, min_words: int = 6,
+                      source: str | os.PathLike | None = None) -> dict[str, Path]:
+    """Write the which-play task: per play, n_train/n_valid/n_test distinct lines (label = title).
+
+    Args:
+        out_dir: folder for train.csv, valid.csv, test.csv.
+        plays: play titles as in the corpus (first line of each document).
+        seed: picks the lines and the order.
+        n_train, n_valid, n_test: lines per play per split.
+        min_words: shortest line kept.
+        source: the corpus' train.txt (default: the `shakespeare` corpus, fetched).
+
+    Returns:
+        {"train": path, "valid": path, "test": path}.
+
+    Raises:
+        ValueError: an unknown play (with the titles there are), or too few lines.
+    """
+    from attnlab.data.corpora import DOC_SEPARATOR
+
+    sizes = _sizes(n_train, n_valid, n_test)
+    if source is None:
+        from attnlab.data.corpora import split_files
+
+        source = split_files("shakespeare")["train"]
+    docs = {d.strip().split("\n", 1)[0]: d.strip() for d in Path(source).read_text(encoding="utf-8").split(DOC_SEPARATOR)
+            if d.strip()}
+    if len(set(plays)) != len(plays) or len(plays) < 2:
+        raise ValueError(f"plays must be at least 2 distinct titles, got {list(plays)}")
+    rng = random.Random(seed)
+    splits: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}
+    for title in plays:
+        if title not in docs:
+            raise ValueError(f"play {title!r} is not in {source}; titles: {sorted(docs)}")
+        lines = sorted(set(play_lines(docs[title], min_words)))
+        if len(lines) < sum(sizes):
+            raise ValueError(f"{title!r} has {len(lines)} lines of >= {min_words} words; {sum(sizes)} requested")
+        chosen = rng.sample(lines, sum(sizes))
+        start = 0
+        for split, n in zip(SPLITS, sizes):
+            splits[split].extend((line, title) for line in chosen[start:start + n])
+            start += n
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split in SPLITS:
+        rows = splits[split]
+        rng.shuffle(rows)
+        paths[split] = _write_csv(out / f"{split}.csv", ("text", "label"), rows)
+    return paths
