@@ -6,7 +6,7 @@
     logits = model(input_ids)            # (B, T, V)
 """
 
-from attnlab import inspect, presets
+from attnlab import data, finetune, inspect, parallel, presets, training
 from attnlab.config import AttentionConfig, ModelConfig, PositionConfig, RNNConfig
 from attnlab.decoding import GenerateOutput, generate
 from attnlab.interop import from_hf, to_hf
@@ -15,11 +15,12 @@ from attnlab.prompts import FewShotPrompt
 from attnlab.sentence import embed
 from attnlab.serialization import load, save
 from attnlab.tokenizers import Tokenizer
+from attnlab.training import TrainConfig, Trainer
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AttentionConfig", "Decoder", "Encoder", "EncoderDecoder", "FewShotPrompt", "GenerateOutput", "ModelConfig",
-    "PositionConfig", "RNNConfig", "RNNEncoderDecoder", "Tokenizer", "build_model", "embed", "from_hf", "generate",
-    "inspect", "load", "presets", "save", "to_hf",
+    "PositionConfig", "RNNConfig", "RNNEncoderDecoder", "Tokenizer", "TrainConfig", "Trainer", "build_model", "data",
+    "embed", "finetune", "from_hf", "generate", "inspect", "load", "parallel", "presets", "save", "to_hf", "training",
 ]
