@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file, save_model, load_model
 
-from attnlab.data.cache import sha256_file
+from attnlab.data.cache import atomic_folder, sha256_file
 from attnlab.utils import atomic_write_text
 
 
@@ -105,8 +104,7 @@ def save_checkpoint(folder: str | os.PathLike, *, step: int, model: torch.nn.Mod
     for stale in folder.glob(".tmp-*"):  # left by a crash during an earlier write
         shutil.rmtree(stale, ignore_errors=True)
     name = checkpoint_name(step)
-    tmp = Path(tempfile.mkdtemp(dir=folder, prefix=f".tmp-{name}-"))
-    try:
+    with atomic_folder(folder / name) as tmp:  # renamed into place only when complete
         save_model(model, str(tmp / "model.safetensors"))
         tensors, plain = _optimizer_tensors(optimizer)
         tensors.update(rng_state(data_generator))
@@ -115,13 +113,6 @@ def save_checkpoint(folder: str | os.PathLike, *, step: int, model: torch.nn.Mod
                  "extra": extra or {},
                  "sha256": {f: sha256_file(tmp / f) for f in ("model.safetensors", "optimizer.safetensors")}}
         atomic_write_text(tmp / "state.json", json.dumps(state, indent=1) + "\n")
-        target = folder / name
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     index = read_index(folder)
     index["latest"] = name
     if metric is not None and (index.get("best_metric") is None or metric < index["best_metric"]):
