@@ -74,7 +74,8 @@ def save(model: nn.Module, path: str | os.PathLike, tokenizer: Any = None) -> Pa
 
 
 def load(path: str | os.PathLike, *, with_tokenizer: bool = False) -> Any:
-    """Read a folder written by `save` (or a Hugging Face folder, through `from_hf`).
+    """Read a folder written by `save`, an `attnlab train` run folder (its best checkpoint), or a
+    Hugging Face folder (through `from_hf`).
 
     Args:
         path: the folder.
@@ -97,6 +98,8 @@ def load(path: str | os.PathLike, *, with_tokenizer: bool = False) -> Any:
         from attnlab.interop.api import from_hf
 
         model = from_hf(folder)
+    elif "model" in data and (folder / "checkpoints").is_dir():  # an `attnlab train` run: its best checkpoint
+        model = _load_run(folder, data)
     else:
         try:
             config = ModelConfig.from_dict(data)
@@ -122,3 +125,15 @@ def load(path: str | os.PathLike, *, with_tokenizer: bool = False) -> Any:
 
         tokenizer = Tokenizer.load(folder / TOKENIZER)
     return model, tokenizer
+
+
+def _load_run(folder: Path, run_config: dict) -> Any:
+    """The model of an `attnlab train` run folder, with its best checkpoint's weights."""
+    from attnlab.models import build_model
+    from attnlab.training.checkpoint import load_checkpoint, resolve_checkpoint
+
+    config = ModelConfig.from_dict(run_config["model"])
+    model = build_model(config)
+    load_checkpoint(resolve_checkpoint(folder, "best"), model=model)
+    model.config = config
+    return model.eval()

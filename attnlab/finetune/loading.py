@@ -14,7 +14,6 @@ https://arxiv.org/abs/1811.01088) is `with_head` applied to the model of task A.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -49,10 +48,8 @@ def load_pretrained(spec: str | os.PathLike, tokenizer: str | os.PathLike | None
         folder = Path(spec)
     if not folder.is_dir():
         raise FileNotFoundError(f"model {str(spec)!r} is neither 'minilm' nor a folder")
-    if (folder / "checkpoints").is_dir() and (folder / "config.json").is_file():
-        model = _load_run(folder)
-    elif (folder / "config.json").is_file():
-        model = load(folder)
+    if (folder / "config.json").is_file():
+        model = load(folder)  # an attnlab, Hugging Face or `attnlab train` run folder
     else:
         raise ValueError(f"model folder {folder} has no config.json (expected an attnlab, Hugging Face or run folder)")
     if tokenizer is None:
@@ -63,19 +60,6 @@ def load_pretrained(spec: str | os.PathLike, tokenizer: str | os.PathLike | None
         else:
             raise FileNotFoundError(f"no tokenizer.json or vocab.txt in {folder}; set 'tokenizer' in the config")
     return model, Tokenizer.load(tokenizer)
-
-
-def _load_run(folder: Path) -> nn.Module:
-    """The best checkpoint's model of an `attnlab train` run folder."""
-    from attnlab.models import build_model
-    from attnlab.training.checkpoint import load_checkpoint, resolve_checkpoint
-
-    saved = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    if "model" not in saved:
-        raise ValueError(f"{folder / 'config.json'} is not the config of an `attnlab train` run")
-    model = build_model(ModelConfig.from_dict(saved["model"]))
-    load_checkpoint(resolve_checkpoint(folder, "best"), model=model)
-    return model
 
 
 def with_head(model: nn.Module, head: str, num_labels: int = 2, *, pooling: str | None = None,

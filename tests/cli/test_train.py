@@ -3,6 +3,9 @@ import math
 
 import pytest
 import torch
+from safetensors.torch import load_file
+
+import attnlab
 
 from attnlab.cli.main import main
 from attnlab.cli.train import parse_overrides
@@ -59,6 +62,12 @@ def test_train_then_eval_then_resume_past_the_end(tmp_path, capsys):
     assert math.isclose(result["val_ppl"], math.exp(result["val_loss"]), rel_tol=1e-9)
     assert main(["train", str(cfg), "--train.max_steps", "8", "--resume"]) == 0
     assert "resumed from" in capsys.readouterr().out
+    model, tokenizer = attnlab.load(run, with_tokenizer=True)  # a run folder loads as its best checkpoint
+    best = json.loads((run / "checkpoints" / "index.json").read_text())["best"]
+    saved = load_file(run / "checkpoints" / best / "model.safetensors")
+    assert not model.training and tokenizer is not None
+    shared = [name for name in model.state_dict() if name in saved]
+    assert len(shared) > 10 and all(torch.equal(saved[n], model.state_dict()[n]) for n in shared)
     (run / "checkpoints" / "step-00000008" / "model.safetensors").write_bytes(b"garbage")
     assert main(["eval", str(run), "--which", "latest"]) == 2
     assert "corrupted" in capsys.readouterr().err
