@@ -6,9 +6,8 @@ import argparse
 import json
 import os
 
-import torch
-
-from attnlab import ModelConfig, build_model, presets
+from attnlab import ModelConfig, presets
+from attnlab.inspect.cost import parameter_counts
 
 
 def resolve_config(name_or_path: str, overrides: list[str]) -> ModelConfig:
@@ -38,17 +37,11 @@ def resolve_config(name_or_path: str, overrides: list[str]) -> ModelConfig:
 
 def parameter_table(config: ModelConfig) -> list[tuple[str, int]]:
     """(top-level module, parameters) rows, counted on the meta device; shared tensors once."""
-    with torch.device("meta"):
-        model = build_model(config)
-    seen: set[int] = set()
     rows: dict[str, int] = {}
-    for name, p in model.named_parameters():
-        if id(p) in seen:
-            continue
-        seen.add(id(p))
+    for name, n in parameter_counts(config).items():
         parts = name.split(".")
         group = ".".join(parts[:2]) if parts[0] in ("encoder", "decoder") else parts[0]
-        rows[group] = rows.get(group, 0) + p.numel()
+        rows[group] = rows.get(group, 0) + n
     return list(rows.items())
 
 

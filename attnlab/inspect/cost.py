@@ -43,7 +43,9 @@ class CostRow:
     activations: int
 
 
-def _params(cfg: ModelConfig) -> dict[str, int]:
+def parameter_counts(cfg: ModelConfig) -> dict[str, int]:
+    """Parameters per tensor name, counted on the meta device (nothing allocated); a shared
+    (tied) tensor is counted once, under the first name it appears with."""
     from attnlab.models.build import build_model
 
     with torch.device("meta"):
@@ -114,7 +116,7 @@ def cost_table(cfg: ModelConfig, seq_len: int, *, src_len: int | None = None,
         raise ValueError("cost_table counts Transformer configs; arch='rnn_encoder_decoder' is not one")
     S = seq_len if src_len is None else src_len
     eager = (kernel or cfg.attention.kernel) == "eager" or cfg.attention.score == "additive"
-    params = _params(cfg)
+    params = parameter_counts(cfg)
     T, D = seq_len, cfg.d_model
     rows: list[CostRow] = []
     if cfg.arch == "encoder_decoder":
