@@ -18,9 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.decoding.beam import beam_search
-from attnlab.decoding.runner import lm_decoder, make_runner
+from attnlab.decoding.runner import is_seq2seq, lm_decoder, make_runner
 from attnlab.decoding.search import DecodeOptions, greedy_or_sample
-from attnlab.models.transformer import EncoderDecoder
 
 _TABLE_SCHEMES = ("learned", "binary")  # position schemes with a fixed number of positions
 
@@ -91,7 +90,8 @@ def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, attent
     """Continue prompts (decoder) or translate sources (encoder-decoder).
 
     Args:
-        model: an attnlab Decoder with an LM head, or an EncoderDecoder (put it in eval mode).
+        model: an attnlab Decoder with an LM head, an EncoderDecoder or an RNNEncoderDecoder
+            (put it in eval mode).
         input_ids: (B, T) prompt ids (decoder) or source ids (encoder-decoder). Prompts of
             different lengths are LEFT-padded, with `attention_mask` marking the real tokens.
         max_new_tokens: at most this many new tokens (>= 0).
@@ -175,8 +175,8 @@ def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, attent
         raise ValueError(f"pad_token_id must be an id in [0, {vocab}) (finished rows are fed it), got {pad_token_id!r}")
     B, T = input_ids.shape
     input_ids = input_ids.long()
-    is_seq2seq = isinstance(model, EncoderDecoder)
-    if is_seq2seq:
+    seq2seq = is_seq2seq(model)
+    if seq2seq:
         if decoder_start_token_id is None:
             decoder_start_token_id = getattr(config, "decoder_start_token_id", None)
             decoder_start_token_id = getattr(config, "pad_token_id", None) if decoder_start_token_id is None \
@@ -199,8 +199,8 @@ def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, attent
                         stop_strings=stop_strings or None, tokenizer=tokenizer, return_scores=return_scores,
                         streamer=streamer)
     padded = prompt_mask is not None and not bool(prompt_mask.all())
-    src, src_mask = (input_ids, mask) if is_seq2seq else (None, None)
-    if is_seq2seq and mask is not None and bool(mask.all()):
+    src, src_mask = (input_ids, mask) if seq2seq else (None, None)
+    if seq2seq and mask is not None and bool(mask.all()):
         src_mask = None  # no padding: skip building the cross-attention mask every step
     n_rows = num_return_sequences if num_beams == 1 else 1  # sampling: repeat each prompt n times
     if n_rows > 1:
@@ -216,7 +216,7 @@ def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, attent
         out = ids[:, :P]
         return GenerateOutput(out, torch.zeros(out.shape[0], device=device)) if return_scores else out
     runner = make_runner(model, use_cache=use_cache, max_len=P + max_new_tokens, src=src, src_mask=src_mask)
-    if n_rows > 1 and is_seq2seq:  # the source was encoded once per item: repeat its memory
+    if n_rows > 1 and seq2seq:  # the source was encoded once per item: repeat its memory
         runner.expand(torch.arange(B, device=device).repeat_interleave(n_rows))
     if num_beams > 1:
         out, scores = beam_search(runner, ids, valid, P, max_new_tokens, opt, num_beams=num_beams,

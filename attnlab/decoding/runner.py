@@ -10,7 +10,9 @@ L = tokens so far, V vocabulary, D d_model.
 
 The cached runner feeds only the new token and keeps keys/values in a `KVCache`; the full
 runner re-runs the whole sequence every step (the reference path). Both send only the last
-position through the LM head: at inference nothing else is needed.
+position through the LM head: at inference nothing else is needed. A recurrent
+encoder-decoder (`RecurrentRunner`) keeps its decoder's hidden state instead of keys/values:
+O(1) memory per row, however long the output.
 """
 
 from __future__ import annotations
@@ -19,12 +21,20 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.models.heads import LMHead
+from attnlab.models.rnn import RNNDecoderState, RNNEncoderDecoder
 from attnlab.models.transformer import Decoder, EncoderDecoder
 from attnlab.nn.kv_cache import KVCache
 
 
-def lm_decoder(model: nn.Module) -> Decoder:
-    """The decoder stack that produces next-token logits, or a TypeError."""
+def is_seq2seq(model: nn.Module) -> bool:
+    """True for models that encode a source and decode a target (Transformer or recurrent)."""
+    return isinstance(model, (EncoderDecoder, RNNEncoderDecoder))
+
+
+def lm_decoder(model: nn.Module) -> nn.Module:
+    """The module that produces next-token logits (it has `vocab_size`), or a TypeError."""
+    if isinstance(model, RNNEncoderDecoder):
+        return model
     decoder = model.decoder if isinstance(model, EncoderDecoder) else model
     if not isinstance(decoder, Decoder) or not isinstance(decoder.head, LMHead):
         raise TypeError("generate needs a decoder with an LM head (arch='decoder' or 'encoder_decoder', "
@@ -84,17 +94,56 @@ class EncoderDecoderRunner(Runner):
     def reorder(self, index: Tensor) -> None:
         """Beam reorder within each item: only the self-attention keys/values move; the cross
         keys/values (and the memory) are the same for every beam of an item, so they stay."""
-        if self.cache is None:
-            return
-        for layer in self.cache.layers:
-            layer.k, layer.v = layer.k.index_select(0, index), layer.v.index_select(0, index)
-        if self.cache.positions is not None:
-            self.cache.positions = self.cache.positions.index_select(0, index)
+        if self.cache is not None:
+            self.cache.reorder_self(index)
+
+
+class RecurrentRunner(Runner):
+    """Next-token logits of an RNNEncoderDecoder. The source is encoded once into the memory
+    (N, S, Hm); the incremental state is the decoder's `RNNDecoderState` (hidden (and cell)
+    state, last top-layer output), so each step feeds only the new token and attends over the
+    fixed memory. use_cache=False re-runs the decoder over the whole target (the reference)."""
+
+    def __init__(self, model: RNNEncoderDecoder, use_cache: bool, src: Tensor, src_mask: Tensor | None):
+        self.model = model
+        self.memory = model.encode(src, src_mask)  # (N, S, Hm)
+        self.src_mask = src_mask
+        self.state = RNNDecoderState() if use_cache else None
+
+    def _logits(self, ids: Tensor, mask: Tensor | None = None) -> Tensor:
+        hidden = self.model.features(ids, self.memory, self.src_mask, cache=self.state)  # (N, T, D)
+        return self.model.out(hidden[:, -1])  # (N, V)
+
+    def step(self, ids: Tensor, mask: Tensor | None) -> Tensor:
+        return self._logits(ids if self.state is None else ids[:, -1:])
+
+    def expand(self, index: Tensor) -> None:
+        """Repeat rows (beams, samples): the memory, its mask and the state follow."""
+        self.memory = self.memory.index_select(0, index)
+        if self.src_mask is not None:
+            self.src_mask = self.src_mask.index_select(0, index)
+        self.reorder(index)
+
+    def reorder(self, index: Tensor) -> None:
+        """Beam reorder within each item: only the recurrent state moves (the memory is the
+        same for every beam of an item)."""
+        if self.state is not None:
+            self.state.reorder(index)
 
 
 def make_runner(model: nn.Module, *, use_cache: bool, max_len: int, src: Tensor | None = None,
-                src_mask: Tensor | None = None) -> Runner:
-    """A Runner for `model` (EncoderDecoder: pass the source and its mask)."""
+                src_mask: Tensor | None = None, lean: bool = True) -> Runner:
+    """A Runner for `model` (encoder-decoders, Transformer or recurrent: pass the source and its mask).
+
+    A cached Transformer takes the lean step (`attnlab.decoding.lean`) whenever it covers the
+    model and `lean` is True; otherwise the generic cached path."""
+    if isinstance(model, RNNEncoderDecoder):
+        return RecurrentRunner(model, use_cache, src, src_mask)
+    if use_cache and lean:
+        from attnlab.decoding.lean import LeanRunner, unsupported  # lean imports this module
+
+        if unsupported(lm_decoder(model)) is None:
+            return LeanRunner(model, max_len, src, src_mask)
     if isinstance(model, EncoderDecoder):
         return EncoderDecoderRunner(model, use_cache, max_len, src, src_mask)
     return Runner(model, use_cache, max_len)
@@ -105,7 +154,7 @@ def sequence_log_probs(model: nn.Module, ids: Tensor, start: int, *, mask: Tenso
                        src: Tensor | None = None, src_mask: Tensor | None = None) -> Tensor:
     """Log-probabilities (N, L - start) of tokens ids[:, start:] under one full forward pass
     (the reference that beam scores are checked against)."""
-    if isinstance(model, EncoderDecoder):
+    if is_seq2seq(model):
         logits = model(src, ids, src_mask)
     else:
         logits = model(ids, mask)

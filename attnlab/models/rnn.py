@@ -15,7 +15,9 @@ c_t depends on the attention (`RNNConfig.attention`):
 The first decoder state is tanh(W_b summary) in every layer (LSTM cells start at 0).
 
 Contract (as `EncoderDecoder`): `model(src_ids, tgt_ids, src_mask=None, tgt_mask=None) -> (B, Tt, V)`,
-`encode(src_ids, src_mask) -> memory`, `decode(tgt_ids, memory, src_mask, tgt_mask, cache)`.
+`encode(src_ids, src_mask) -> memory`, `decode(tgt_ids, memory, src_mask, tgt_mask, cache)`
+(`features(...)`: the same, before the output projection). Decoding with `attnlab.generate` goes
+through `attnlab.decoding.runner.RecurrentRunner` (the state above plays the KV cache's part).
 The decoder is causal by construction; target padding must follow the real tokens (right
 padding), as in teacher forcing. Source padding may sit anywhere.
 """
@@ -37,9 +39,18 @@ class RNNDecoderState:
     the new target tokens; it holds the recurrent state, the last top-layer output s_{t-1} and
     the number of steps taken."""
 
-    state: Any = None
-    last_output: Tensor | None = None
+    state: Any = None  # h (L, B, Hd), or (h, c) for an LSTM decoder
+    last_output: Tensor | None = None  # (B, Hd)
     length: int = 0
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep (and repeat) the batch rows `index` (N,): beam search and sampled copies."""
+        if isinstance(self.state, tuple):
+            self.state = tuple(s.index_select(1, index) for s in self.state)
+        elif self.state is not None:
+            self.state = self.state.index_select(1, index)
+        if self.last_output is not None:
+            self.last_output = self.last_output.index_select(0, index)
 
 
 def _check_ids(name: str, ids: Tensor, vocab_size: int) -> None:
@@ -140,6 +151,12 @@ class RNNEncoderDecoder(nn.Module):
         tgt_mask is accepted for the contract; with right padding it changes nothing at real
         positions (the decoder only looks back), and padded positions' logits are not used.
         """
+        return self.out(self.features(tgt_ids, memory, src_mask, tgt_mask, cache))
+
+    def features(self, tgt_ids: Tensor, memory: Tensor, src_mask: Tensor | None = None,
+                 tgt_mask: Tensor | None = None, cache: RNNDecoderState | None = None) -> Tensor:
+        """As `decode`, but the hidden states tanh(W_o [s_t; c_t]) (B, T, D) before the output
+        projection `self.out` (the trainer fuses that projection into the loss)."""
         _check_ids("tgt_ids", tgt_ids, self.vocab_size)
         if cache is not None and not isinstance(cache, RNNDecoderState):
             raise TypeError(f"cache must be an RNNDecoderState, got {type(cache).__name__}")
@@ -169,8 +186,7 @@ class RNNEncoderDecoder(nn.Module):
             c, _ = self.attention(s, memory, src_mask)  # s_t scores h_i -> (B, T, Hm)
         if cache is not None:
             cache.state, cache.last_output, cache.length = state, s[:, -1], cache.length + T
-        hidden = torch.tanh(self.combine(torch.cat((self.dropout(s), c), -1)))  # (B, T, D)
-        return self.out(hidden)
+        return torch.tanh(self.combine(torch.cat((self.dropout(s), c), -1)))  # (B, T, D)
 
     def _top(self, state: Any) -> Tensor:
         h = state[0] if isinstance(state, tuple) else state

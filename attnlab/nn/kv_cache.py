@@ -27,6 +27,7 @@ class LayerKV:
         self.v: Tensor | None = None
         self.cross_k: Tensor | None = None  # (B, G, S, Dh)
         self.cross_v: Tensor | None = None
+        self._spare: tuple[Tensor, Tensor] | None = None  # reorder_self's second pair of buffers
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store k, v (B, G, T, Dh) after the cached ones; return all keys and values so far."""
@@ -49,6 +50,25 @@ class LayerKV:
             t = getattr(self, name)
             if t is not None:
                 setattr(self, name, t.index_select(0, index))
+        self._spare = None
+
+    def reorder_self(self, index: Tensor) -> None:
+        """Beam reorder within items: rows `index` (B,) of the self-attention keys/values, the
+        filled positions only, gathered into a spare pair of buffers that then swaps with the
+        live one (no allocation after the first call). Cross keys/values stay: every beam of an
+        item shares its source."""
+        if self.k is None:
+            return
+        if index.shape[0] != self.k.shape[0]:
+            raise ValueError(f"reorder_self keeps the number of rows ({self.k.shape[0]}), got {index.shape[0]} indices")
+        if self._spare is None:
+            self._spare = (torch.empty_like(self.k), torch.empty_like(self.v))
+        spare_k, spare_v = self._spare
+        n = self.length
+        torch.index_select(self.k[:, :, :n], 0, index, out=spare_k[:, :, :n])
+        torch.index_select(self.v[:, :, :n], 0, index, out=spare_v[:, :, :n])
+        self._spare = (self.k, self.v)
+        self.k, self.v = spare_k, spare_v
 
 
 class KVCache:
@@ -59,13 +79,28 @@ class KVCache:
             raise ValueError(f"max_len must be a positive integer, got {max_len!r}")
         self.max_len = max_len
         self.layers: list[LayerKV] = []
-        self.positions: Tensor | None = None  # (B, past) position ids of the cached tokens
+        self._positions: Tensor | None = None  # (B, max_len) preallocated position ids
+        self._filled = 0  # columns of _positions written so far
+
+    @property
+    def positions(self) -> Tensor | None:
+        """(B, past) position ids of the cached tokens, or None before the first call."""
+        return None if self._positions is None else self._positions[:, :self._filled]
 
     def track_positions(self, q_pos: Tensor) -> Tensor:
         """Record the positions (B, T) of the tokens about to be cached; return those of every
-        key so far (B, past + T). Called once per forward by the stack."""
-        self.positions = q_pos if self.positions is None else torch.cat([self.positions, q_pos], dim=1)
-        return self.positions
+        key so far (B, past + T). Called once per forward by the stack; writes into a
+        preallocated (B, max_len) buffer (no concatenation per step)."""
+        B, T = q_pos.shape
+        end = self._filled + T
+        if end > self.max_len:
+            raise ValueError(f"the KV cache holds {self.max_len} positions; {end} requested "
+                             "(create the cache with a larger max_len)")
+        if self._positions is None:
+            self._positions = q_pos.new_zeros(B, self.max_len)
+        self._positions[:, self._filled:end] = q_pos
+        self._filled = end
+        return self._positions[:, :end]
 
     @property
     def length(self) -> int:
@@ -77,10 +112,20 @@ class KVCache:
             self.layers.append(LayerKV(self.max_len))
         return self.layers[i]
 
+    def reorder_self(self, index: Tensor) -> None:
+        """Beam reorder within items (the row count stays): the self-attention keys/values
+        and the positions follow rows `index` (N,); the cross keys/values, shared by the beams
+        of an item, stay. No allocation after the first call (see `LayerKV.reorder_self`)."""
+        for layer in self.layers:
+            layer.reorder_self(index)
+        if self._positions is not None:
+            n = self._filled
+            self._positions[:, :n] = self._positions[:, :n].index_select(0, index.to(self._positions.device))
+
     def reorder(self, index: Tensor) -> None:
         """Reorder every layer's batch rows (after a beam-search step)."""
         index = torch.as_tensor(index, dtype=torch.long)
         for layer in self.layers:
             layer.reorder(index)
-        if self.positions is not None:
-            self.positions = self.positions.index_select(0, index.to(self.positions.device))
+        if self._positions is not None:
+            self._positions = self._positions.index_select(0, index.to(self._positions.device))

@@ -110,9 +110,19 @@ class RotaryEmbedding(nn.Module):
 
     def rotate(self, x: Tensor, position_ids: Tensor) -> Tensor:
         """x (B, H, T, Dh), position_ids (B or 1, T) -> x rotated."""
+        cos, sin = self.cos_sin(position_ids, x.dtype)
+        return self.apply_rotation(x, cos, sin)
+
+    def cos_sin(self, position_ids: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """The (B or 1, 1, T, R) cosines and sines of the angles at position_ids (B or 1, T);
+        computed once, they rotate any number of q/k tensors at those positions (decoding)."""
         angles = position_ids.float()[:, None, :, None] * self.inv_freq  # (B, 1, T, R/2)
-        cos = torch.cat((angles.cos(), angles.cos()), dim=-1).to(x.dtype)
-        sin = torch.cat((angles.sin(), angles.sin()), dim=-1).to(x.dtype)
+        cos = torch.cat((angles.cos(), angles.cos()), dim=-1).to(dtype)
+        sin = torch.cat((angles.sin(), angles.sin()), dim=-1).to(dtype)
+        return cos, sin
+
+    def apply_rotation(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+        """x (B, H, T, Dh) rotated by the angles of `cos_sin`."""
         r = self.rotary_dim
         x_rot, x_pass = x[..., :r], x[..., r:]
         half1, half2 = x_rot[..., : r // 2], x_rot[..., r // 2 :]
