@@ -262,6 +262,7 @@ class ModelConfig:
     head: str | None = None
     num_labels: int = 2
     pooler: bool = False  # BERT's dense + tanh over the first token
+    nsp_head: bool = False  # BERT's next-sentence classifier on the pooled [CLS], beside head='mlm'
     classifier_pooling: str | None = None  # None = `first` ([CLS]) for encoders, `last` for decoders
     pad_token_id: int | None = 0
     init_std: float = 0.02
@@ -308,6 +309,9 @@ class ModelConfig:
             raise ValueError(f"head={self.head!r} is for arch='encoder' or 'decoder'")
         if self.head == "lm" and self.arch == "encoder":
             raise ValueError("head='lm' is for decoders; an encoder takes head='mlm', 'classification' or 'none'")
+        if self.nsp_head and self.head != "mlm":
+            raise ValueError(f"nsp_head=True sits beside the MLM head: it needs arch='encoder' and head='mlm', "
+                             f"got arch={self.arch!r}, head={self.head!r}")
         if self.pooler and self.arch != "encoder":
             raise ValueError(f"pooler=True needs arch='encoder', got arch={self.arch!r}")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:

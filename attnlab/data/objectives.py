@@ -10,6 +10,7 @@ taken (PyTorch's `cross_entropy` default `ignore_index`).
 | `span_corruption`  | Raffel et al. 2020, https://arxiv.org/abs/1910.10683 (3.1.4)     | input_ids, labels |
 | `prefix_lm`        | Raffel et al. 2020 (3.2.1); Dong et al. 2019                      | input_ids, labels, prefix_lengths |
 | `next_sentence`    | Devlin et al. 2019 (3.1, task 2)                                 | input_ids, token_type_ids, nsp_labels |
+| `segment_pairs`    | (draws A, its next segment and a random one for `next_sentence`) | first, second, random_second |
 | `seq2seq`          | Sutskever et al. 2014; Vaswani et al. 2017                       | src_ids, src_mask, tgt_ids, tgt_mask, labels |
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -218,6 +220,62 @@ def next_sentence(first: Tensor, second: Tensor, random_second: Tensor, generato
     types = torch.cat([torch.zeros(B, first.shape[1] + 2, dtype=torch.long),
                        torch.ones(B, b.shape[1] + 1, dtype=torch.long)], dim=1)
     return {"input_ids": ids, "token_type_ids": types, "nsp_labels": is_random.long()}
+
+
+def segment_pairs(tokens, offsets, batch_size: int, len_a: int, len_b: int,
+                  generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+    """Segments for next-sentence prediction, drawn from a corpus of documents.
+
+    A is `len_a` consecutive tokens at a uniform random position among those where A and the
+    `len_b` tokens after it fit inside one document; "second" is those next `len_b` tokens;
+    "random_second" is `len_b` consecutive tokens from a different document (uniform over
+    positions). Segments are token spans, not linguistic sentences.
+
+    Args:
+        tokens: 1-D token ids of all documents back to back (an array or a memmap; only the
+            drawn spans are read).
+        offsets: (num_documents + 1,) start offset of each document, then the end.
+        batch_size: B.
+        len_a, len_b: segment lengths (>= 1).
+        generator: every random choice.
+
+    Returns:
+        `first` (B, len_a), `second` (B, len_b), `random_second` (B, len_b), LongTensors.
+
+    Raises:
+        ValueError: a length below 1, no document long enough for A + B, or no second
+            document long enough for B.
+    """
+    for name, value in (("batch_size", batch_size), ("len_a", len_a), ("len_b", len_b)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    offsets = torch.as_tensor(offsets, dtype=torch.long)
+    lengths = offsets.diff()  # (num_documents,)
+    pair_starts = (lengths - (len_a + len_b) + 1).clamp(min=0)  # valid start positions per document
+    b_starts = (lengths - len_b + 1).clamp(min=0)
+    if int(pair_starts.sum()) == 0:
+        raise ValueError(f"no document holds {len_a + len_b} tokens (len_a + len_b); use a shorter data.seq_len")
+    if int((b_starts > 0).sum()) < 2:
+        raise ValueError(f"next-sentence prediction needs two documents of at least {len_b} tokens (len_b), "
+                         f"found {int((b_starts > 0).sum())}")
+    docs = torch.multinomial(pair_starts.double(), batch_size, replacement=True, generator=generator)  # (B,)
+    starts = offsets[docs] + (torch.rand(batch_size, generator=generator, dtype=torch.float64)
+                              * pair_starts[docs]).long()
+    others = []
+    for d in docs.tolist():  # a different document for each row
+        weights = b_starts.double().clone()
+        weights[d] = 0
+        if weights.sum() == 0:
+            raise ValueError(f"document {d} is the only one with at least {len_b} tokens (len_b)")
+        others.append(int(torch.multinomial(weights, 1, generator=generator)))
+    others_t = torch.tensor(others, dtype=torch.long)
+    r_starts = offsets[others_t] + (torch.rand(batch_size, generator=generator, dtype=torch.float64)
+                                    * b_starts[others_t]).long()
+
+    def spans(begin: Tensor, length: int) -> Tensor:
+        return torch.from_numpy(np.stack([np.asarray(tokens[int(s): int(s) + length]) for s in begin]).astype(np.int64))
+
+    return spans(starts, len_a), spans(starts + len_a, len_b), spans(r_starts, len_b)
 
 
 def seq2seq(src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]], generator: torch.Generator | None = None, *,

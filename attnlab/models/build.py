@@ -9,7 +9,7 @@ from torch import nn
 
 from attnlab.config import LONG_KERNELS, ModelConfig
 from attnlab.models.embeddings import Embeddings
-from attnlab.models.heads import (ClassificationHead, LMHead, MLMHead, Pooler, RegressionHead,
+from attnlab.models.heads import (ClassificationHead, LMHead, MLMHead, NSPHead, Pooler, RegressionHead,
                                   TokenClassificationHead)
 from attnlab.models.transformer import Decoder, Encoder, EncoderDecoder
 from attnlab.nn.attention import MultiHeadAttention
@@ -180,7 +180,8 @@ def build_model(config: ModelConfig) -> nn.Module:
         model = Encoder(_embeddings(cfg, token), _layers(cfg, cfg.num_layers, cross=False, token_flags=flags),
                         final_norm=_final_norm(cfg), position_bias=_position_bias(cfg, causal=False),
                         head=_head(cfg, token), classifier_pooling=cfg.classifier_pooling,
-                        pooler=Pooler(cfg.d_model) if cfg.pooler else None)
+                        pooler=Pooler(cfg.d_model) if cfg.pooler else None,
+                        nsp_head=NSPHead(cfg.d_model) if cfg.nsp_head else None)
     else:
         src_token = token if cfg.share_embeddings else nn.Embedding(cfg.resolved_src_vocab_size, cfg.d_model)
         flags, dec_flags = _token_flags(cfg), _token_flags(cfg)

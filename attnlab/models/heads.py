@@ -76,6 +76,19 @@ class MLMHead(nn.Module):
         return self.decoder(self.norm(self.act(self.dense(hidden))))  # (B, T, V)
 
 
+class NSPHead(nn.Module):
+    """BERT's next-sentence classifier, beside the MLM head: a linear layer on the pooled [CLS]
+    vector (B, D) -> (B, 2) logits; label 0 = B follows A (IsNext), 1 = B is random (NotNext).
+    Devlin et al. 2019, https://arxiv.org/abs/1810.04805 (3.1, task 2)."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.proj = nn.Linear(d_model, 2)
+
+    def forward(self, pooled: Tensor) -> Tensor:
+        return self.proj(pooled)  # (B, 2)
+
+
 class ClassificationHead(nn.Module):
     """Dropout + linear on a pooled vector (B, D) -> (B, num_labels)."""
 

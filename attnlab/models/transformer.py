@@ -126,9 +126,10 @@ class Encoder(TransformerStack):
     """Bidirectional stack (BERT). `forward(input_ids, attention_mask)` returns hidden states
     (B, T, D), or the head's logits: MLM (B, T, V), classification (B, num_labels)."""
 
-    def __init__(self, *args, pooler: nn.Module | None = None, **kwargs):
+    def __init__(self, *args, pooler: nn.Module | None = None, nsp_head: nn.Module | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.pooler = pooler
+        self.nsp_head = nsp_head  # next-sentence logits on self.pool(hidden) (BERT pretraining), or None
 
     def pool(self, hidden: Tensor, attention_mask: Tensor | None = None) -> Tensor:
         pooled = super().pool(hidden, attention_mask)

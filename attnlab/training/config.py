@@ -50,6 +50,7 @@ class DataConfig:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     mask_prob: float = 0.15  # masked_lm
     whole_word_mask: bool = False  # masked_lm (WordPiece tokenizers)
+    nsp: bool = False  # masked_lm: BERT's next-sentence prediction on [CLS] A [SEP] B [SEP] pairs
     noise_density: float = 0.15  # span_corruption
     mean_span_length: float = 3.0  # span_corruption
     max_pair_len: int = 64  # seq2seq: tokens per side
@@ -63,6 +64,13 @@ class DataConfig:
         for name in ("mask_prob", "noise_density"):
             if not 0 < getattr(self, name) < 1:
                 raise ValueError(f"{where}.{name} must be in (0, 1), got {getattr(self, name)!r}")
+        if self.nsp and self.objective != "masked_lm":
+            raise ValueError(f"{where}.nsp=true needs {where}.objective='masked_lm' (an encoder with a [CLS] "
+                             f"token); objective {self.objective!r} trains a "
+                             f"{'decoder-only' if self.objective in ('causal_lm', 'prefix_lm') else 'encoder-decoder'} "
+                             "model, which has no next-sentence head")
+        if self.nsp and self.seq_len < 5:
+            raise ValueError(f"{where}.seq_len must be >= 5 with {where}.nsp ([CLS] A [SEP] B [SEP]), got {self.seq_len}")
         if self.mean_span_length < 1:
             raise ValueError(f"{where}.mean_span_length must be >= 1, got {self.mean_span_length!r}")
         self.tokenizer.validate(f"{where}.tokenizer")

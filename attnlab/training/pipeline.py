@@ -44,12 +44,17 @@ def _source_key(path: Path) -> str:
 
 def build_tokenizer(cfg: DataConfig, train_path: Path, out_dir: Path | None):
     """Load `cfg.tokenizer.path`, or `OUT/tokenizer.json` from an earlier run, or train one on
-    the training split (and save it to `OUT/tokenizer.json`)."""
+    the training split. A loaded or trained tokenizer is saved to `OUT/tokenizer.json`, so the
+    run folder alone serves `attnlab eval`, `translate` and `generate`."""
     from attnlab.tokenizers import Tokenizer
 
     saved = out_dir / "tokenizer.json" if out_dir is not None else None
     if cfg.tokenizer.path:
-        return Tokenizer.load(cfg.tokenizer.path)
+        tok = Tokenizer.load(cfg.tokenizer.path)
+        if saved is not None and not saved.exists():
+            saved.parent.mkdir(parents=True, exist_ok=True)
+            tok.save(saved)  # atomic
+        return tok
     if saved is not None and saved.exists():
         return Tokenizer.load(saved)
     if is_pairs_source(str(train_path)):
@@ -117,12 +122,27 @@ class Pipeline:
                                source=str(prefix.name), show_progress=show_progress)
 
     # ---------------------------------------------------------------- model-side facts
-    def model_overrides(self) -> dict[str, Any]:
-        """Fields the model config takes from the data: vocabulary, padding, arch, head."""
+    def model_overrides(self, arch: str | None = None) -> dict[str, Any]:
+        """Fields the model config takes from the data: vocabulary, padding, arch, head.
+
+        Args:
+            arch: the configured `model.arch`; `rnn_encoder_decoder` is kept for the
+                encoder-decoder objectives (any other arch follows the objective).
+
+        Raises:
+            ValueError: `rnn_encoder_decoder` with an objective that is not seq2seq or span_corruption.
+        """
         tok, objective = self.tokenizer, self.cfg.objective
         out: dict[str, Any] = {"vocab_size": tok.vocab_size, "pad_token_id": tok.pad_token_id}
+        if arch == "rnn_encoder_decoder":
+            if objective not in ("span_corruption", "seq2seq"):
+                raise ValueError(f"model.arch='rnn_encoder_decoder' needs data.objective 'seq2seq' or "
+                                 f"'span_corruption', got {objective!r}")
+            return {**out, "head": "lm"}
         if objective == "masked_lm":
             out.update(arch="encoder", head="mlm")
+            if self.cfg.nsp:  # segment embeddings for A/B, BERT's pooler and the NSP classifier
+                out.update(type_vocab_size=2, pooler=True, nsp_head=True)
         elif objective in ("span_corruption", "seq2seq"):
             out.update(arch="encoder_decoder", head="lm")
         else:
@@ -148,15 +168,19 @@ class Pipeline:
         if cfg.objective == "prefix_lm":
             return objectives.prefix_lm(files.random_windows(B, cfg.seq_len + 1, generator), generator)
         if cfg.objective == "masked_lm":
-            ids = files.random_windows(B, cfg.seq_len, generator)
+            pair = self._sentence_pairs(files, generator) if cfg.nsp else None
+            ids = pair["input_ids"] if pair is not None else files.random_windows(B, cfg.seq_len, generator)
             word_starts = None
             if cfg.whole_word_mask:
                 pieces = np.array([not (t or "").startswith("##") for t in
                                    (tok.id_to_token(i) for i in range(tok.vocab_size))])
                 word_starts = torch.from_numpy(pieces)[ids]
-            return objectives.masked_lm(ids, generator, vocab_size=tok.vocab_size, mask_id=tok.mask_token_id,
-                                        special_ids=tok.all_special_ids, mask_prob=cfg.mask_prob,
-                                        word_starts=word_starts)
+            batch = objectives.masked_lm(ids, generator, vocab_size=tok.vocab_size, mask_id=tok.mask_token_id,
+                                         special_ids=tok.all_special_ids, mask_prob=cfg.mask_prob,
+                                         word_starts=word_starts)
+            if pair is not None:
+                batch.update(token_type_ids=pair["token_type_ids"], nsp_labels=pair["nsp_labels"])
+            return batch
         # span corruption: T5's inputs are encoder input, targets are decoder labels
         ids = files.random_windows(B, cfg.seq_len, generator)
         sc = objectives.span_corruption(ids, generator, sentinel_ids=tok.sentinel_token_ids, eos_id=tok.eos_token_id,
@@ -164,6 +188,17 @@ class Pipeline:
         start = torch.full((B, 1), tok.pad_token_id)  # T5 starts decoding from the pad id
         return {"src_ids": sc["input_ids"], "tgt_ids": torch.cat([start, sc["labels"][:, :-1]], 1),
                 "labels": sc["labels"]}
+
+    def _sentence_pairs(self, files, generator: torch.Generator) -> dict[str, torch.Tensor]:
+        """`[CLS] A [SEP] B [SEP]` rows of seq_len tokens (A and B split the rest in halves);
+        B is A's next segment or, with probability 1/2, a segment of another document."""
+        tok, T = self.tokenizer, self.cfg.seq_len - 3
+        if tok.cls_token_id is None or tok.sep_token_id is None:
+            raise ValueError("data.nsp needs a tokenizer with [CLS] and [SEP] tokens")
+        first, second, other = objectives.segment_pairs(files.tokens, files.offsets, self.cfg.batch_size, T // 2,
+                                                        T - T // 2, generator)
+        return objectives.next_sentence(first, second, other, generator, cls_id=tok.cls_token_id,
+                                        sep_id=tok.sep_token_id)
 
     def train_batch(self, generator: torch.Generator) -> dict[str, torch.Tensor]:
         return self.make_batch(self.train, generator)

@@ -31,7 +31,7 @@ from attnlab.training.config import TrainConfig
 from attnlab.training.optim import Schedule, build_optimizer
 from attnlab.training.pipeline import Pipeline
 from attnlab.training.plot import write_loss_curve
-from attnlab.training.steps import batch_loss, count_tokens, to_device
+from attnlab.training.steps import count_tokens, eval_sums, to_device
 from attnlab.utils import atomic_write_text
 
 from attnlab.parallel import init_from_env  # [parallel] torchrun hooks, see attnlab/parallel/training.py
@@ -91,7 +91,8 @@ class Trainer:
         if model is None:
             from attnlab.models import build_model
 
-            model_cfg = config.model_config().replace(**self.pipeline.model_overrides())
+            model_cfg = config.model_config()
+            model_cfg = model_cfg.replace(**self.pipeline.model_overrides(model_cfg.arch))
             model = build_model(model_cfg)
         self.model = model.to(self.device)
         self.train_loss = data_parallel_loss(self.model, self.parallel)  # [parallel] DDP(batch_loss) when dp > 1
@@ -176,19 +177,27 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Validation loss and perplexity (and BLEU/chrF for seq2seq) on the fixed eval batches."""
+        """Validation loss and perplexity on the fixed eval batches; masked LM adds the accuracy
+        on masked positions, NSP runs the MLM and NSP losses (val_loss is their sum, as trained)
+        and the NSP accuracy, seq2seq BLEU/chrF."""
         was_training = self.model.training
         self.model.eval()
-        total, count = 0.0, 0
+        sums: dict[str, float] = {}
         for batch in self.pipeline.eval_batches(self.config.train.eval_batches):
             batch = to_device(batch, self.device)
             with self.autocast():
-                loss = batch_loss(self.model, batch)
-            n = int((batch["labels"] != -100).sum())
-            total += float(loss) * n
-            count += n
-        result = {"val_loss": total / max(count, 1)}
-        result["val_ppl"] = perplexity(result["val_loss"])
+                for key, value in eval_sums(self.model, batch).items():
+                    sums[key] = sums.get(key, 0) + value
+        count = max(sums.get("tokens", 0), 1)
+        result = {"val_loss": sums.get("loss_sum", 0.0) / count}
+        result["val_ppl"] = perplexity(result["val_loss"])  # of the token loss (MLM alone in NSP runs)
+        if "correct" in sums:
+            result["val_mlm_accuracy"] = sums["correct"] / count
+        if sums.get("nsp_count"):
+            result["val_mlm_loss"] = result["val_loss"]
+            result["val_nsp_loss"] = sums["nsp_loss_sum"] / sums["nsp_count"]
+            result["val_nsp_accuracy"] = sums["nsp_correct"] / sums["nsp_count"]
+            result["val_loss"] = result["val_mlm_loss"] + result["val_nsp_loss"]
         if self.config.data.objective == "seq2seq" and self.config.train.bleu_samples:
             result.update(self.translation_scores(self.config.train.bleu_samples))
         self.model.train(was_training)
