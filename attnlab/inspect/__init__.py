@@ -4,7 +4,7 @@ matplotlib, imported only when a plot is drawn."""
 
 from attnlab.inspect.attention_maps import AttentionRecord, attention_maps, attention_modules, capture_attention
 from attnlab.inspect.cost import CostRow, cost_table, crossover_seq_len
-from attnlab.inspect.gradient_flow import gradient_flow, state_gradient_norms
+from attnlab.inspect.gradient_flow import gradient_flow, source_gradient_norms, state_gradient_norms
 from attnlab.inspect.heads import (attention_entropy, head_importance, head_mask, mask_from_heads, prune_heads,
                                    pruning_curve)
 from attnlab.inspect.kernel_regression import nadaraya_watson
@@ -13,5 +13,6 @@ from attnlab.inspect.rank_collapse import rank_collapse, relative_residual
 __all__ = [
     "AttentionRecord", "CostRow", "attention_entropy", "attention_maps", "attention_modules", "capture_attention",
     "cost_table", "crossover_seq_len", "gradient_flow", "head_importance", "head_mask", "mask_from_heads",
-    "nadaraya_watson", "prune_heads", "pruning_curve", "rank_collapse", "relative_residual", "state_gradient_norms",
+    "nadaraya_watson", "prune_heads", "pruning_curve", "rank_collapse", "relative_residual", "source_gradient_norms",
+    "state_gradient_norms",
 ]

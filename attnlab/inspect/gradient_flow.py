@@ -11,6 +11,10 @@ cell path decays more slowly; self-attention connects every position to the loss
 The task here is the same for all three: a random input sequence x (B, T, d), a loss on the
 output at the last position only, and h_k = the state the model holds for position k (the
 recurrent hidden state; for the Transformer, the input of its first layer at position k).
+
+On a trained translation model, `source_gradient_norms` measures the same thing over source
+positions: ||dL/dx_k|| with L the target's summed negative log-likelihood (teacher forcing) and
+x_k the encoder's input at source position k (token embedding, plus positions in a Transformer).
 """
 
 from __future__ import annotations
@@ -96,6 +100,44 @@ def gradient_flow(arch: str, *, seq_len: int = 40, d_model: int = 32, batch_size
         for layer in layers:
             h = layer(h, mask)
         return state_gradient_norms(h[:, -1].sum(), h0)
+
+
+def source_gradient_norms(model: nn.Module, src_ids: Tensor, tgt_ids: Tensor, labels: Tensor,
+                          src_mask: Tensor | None = None) -> Tensor:
+    """||dL/dx_k|| at every source position k of an encoder-decoder (Transformer or recurrent).
+
+    Args:
+        model: an `EncoderDecoder` or `RNNEncoderDecoder` (put it in eval mode: dropout off).
+        src_ids: (B, S) source ids; src_mask: (B, S), 1 on real tokens, or None.
+        tgt_ids: (B, T) decoder inputs (start token + target); labels: (B, T) next tokens,
+            -100 where no loss is taken.
+
+    Returns:
+        (S,) norms over the batch and features of dL/dx_k, L = summed target NLL; padding
+        positions get 0.
+
+    Raises:
+        TypeError: a model that is not an encoder-decoder.
+    """
+    from attnlab.models.rnn import RNNEncoderDecoder
+    from attnlab.models.transformer import EncoderDecoder
+
+    if isinstance(model, RNNEncoderDecoder):
+        embed = model.src_embed  # (may be the target's table too: the encoder calls it first)
+    elif isinstance(model, EncoderDecoder):
+        embed = model.encoder.embed
+    else:
+        raise TypeError(f"model must be an EncoderDecoder or RNNEncoderDecoder, got {type(model).__name__}")
+    captured: list[Tensor] = []
+    handle = embed.register_forward_hook(lambda mod, args, out: captured.append(out) if not captured else None)
+    try:
+        with torch.enable_grad():
+            logits = model(src_ids, tgt_ids, src_mask)  # (B, T, V)
+            loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
+                                               reduction="sum")
+            return state_gradient_norms(loss, captured[0])  # x: (B, S, D)
+    finally:
+        handle.remove()
 
 
 def plot_gradient_flow(norms: dict[str, Tensor], path: str | os.PathLike) -> str:
