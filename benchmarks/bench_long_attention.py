@@ -3,19 +3,32 @@
 Setting (the issue's): batch 1, 6 heads, head dim 64, fp32, q/k/v given (no projections).
 Peers: PyTorch's fused `scaled_dot_product_attention` (dense, causal) and naive attention
 (softmax(q k^T / sqrt(d), causal) v, materialising the T x T weights). Kernels: sliding window
-(w = 256, causal), Longformer (w = 256 + 2 global tokens, causal), BigBird (b = 64: 1 window
-block per side, 1 global, 2 random; causal) and Linformer (k = 256; bidirectional only, so it is
-timed without a causal mask). Peers are skipped above --max-sdpa / --max-naive (recorded as
-"skipped" with the reason).
+(w = 256, causal: 257 keys per query), Longformer (w = 256 + 2 global tokens, causal), BigBird
+(b = 64, causal: 1 window block per side, 1 global, 1 random = 4 blocks = 256 keys per query,
+the sliding window's count; `bigbird_r2` is the 2-random-block variant, 320 keys) and Linformer
+(k = 256; bidirectional only, so it is timed without a causal mask). The JSON records each
+kernel's keys per query ("keys": nominal, and the exact mean over queries at each T). Peers are
+skipped above --max-sdpa / --max-naive (recorded as "skipped" with the reason).
 
 Method: each (kernel, T) runs in a fresh Python process. Time: wall clock of forward + backward
-(`out.backward(grad)`), median of --repeat runs after one warm-up (no warm-up above 8k).
+(`out.backward(grad)`), median of --repeat runs after a warm-up at min(T, 2048) and one at T
+(none at T above 8k).
+Each time is also given as process CPU time ("cpu_seconds", all threads), which a shared
+machine's load disturbs far less than wall time; with --threads 1 it is the work done.
+
+--interleave: time ratios measured with the kernels taking turns (A, B, C, A, B, C, ...) in one
+process per T, so a shared machine's load hits all alike; the JSON's "ratios" then come from
+those runs (use this on a busy machine, with --threads 1). The dense peers (SDPA, naive) are
+too slow to take turns: their ratios come from their own processes.
+
 Memory: torch's CPU allocations are plain malloc/mmap, invisible to tracemalloc, so we read the
 process's resident set from /proc: reset the peak with /proc/self/clear_refs ("5"), then
 peak extra = VmHWM after forward + backward - VmRSS before it. q, k, v and the incoming gradient
 exist before; the gradients of q, k, v (3 x T x 6 x 64 x 4 bytes) are part of the extra.
 
     python benchmarks/bench_long_attention.py --sizes 1024,2048,4096 --out bench.json
+    python benchmarks/bench_long_attention.py --sizes 16384,32768,65536 --max-sdpa 32768 \
+        --kernels sdpa,sliding_window,longformer,bigbird --repeat 3 --threads 2 --out long.json
 """
 
 from __future__ import annotations
@@ -28,7 +41,14 @@ import subprocess
 import sys
 import time
 
-KERNELS = ("sdpa", "naive", "sliding_window", "longformer", "bigbird", "linformer")
+KERNELS = ("sdpa", "naive", "sliding_window", "longformer", "bigbird", "bigbird_r2", "linformer")
+PEERS = ("sdpa", "naive")  # dense, 10-100x slower: timed in their own processes, never in turns
+BIGBIRD = {"bigbird": dict(block=64, window_blocks=1, global_blocks=1, random_blocks=1),
+           "bigbird_r2": dict(block=64, window_blocks=1, global_blocks=1, random_blocks=2)}
+KEYS = {"sliding_window": "w + 1 = 257", "longformer": "w + 1 = 257, + 2 global",
+        "bigbird": "4 blocks of 64 = 256 (2 window, 1 global, 1 random)",
+        "bigbird_r2": "5 blocks of 64 = 320 (2 window, 1 global, 2 random)", "sdpa": "all earlier (causal)",
+        "naive": "all earlier (causal)", "linformer": "k = 256 projected"}
 H, DH, WINDOW = 6, 64, 256
 
 
@@ -60,14 +80,22 @@ def _attention(kernel: str, T: int):
     if kernel == "longformer":
         globals_ = torch.tensor([0, T // 2])
         return lambda q, k, v: longformer_attention(q, k, v, window=WINDOW, global_tokens=globals_, causal=True)
-    if kernel == "bigbird":
-        return lambda q, k, v: bigbird_attention(q, k, v, block=64, window_blocks=1, global_blocks=1, random_blocks=2,
-                                                 seed=0, causal=True)
+    if kernel in BIGBIRD:
+        return lambda q, k, v: bigbird_attention(q, k, v, **BIGBIRD[kernel], seed=0, causal=True)
     if kernel == "linformer":
         torch.manual_seed(0)
         lin = LinformerKernel(max_len=T, k=256, num_heads=H).requires_grad_(False)
         return lambda q, k, v: lin(q, k, v, scale=DH**-0.5, causal=False)[0]
     raise ValueError(f"unknown kernel {kernel!r}; choose from {', '.join(KERNELS)}")
+
+
+def _warm_up(kernel: str, T: int) -> None:
+    """One forward + backward at a small T: library set-up stays out of the first timed run."""
+    import torch
+
+    t = min(T, 2048)
+    q, k, v = (torch.randn(1, H, t, DH, requires_grad=True) for _ in range(3))
+    _attention(kernel, t)(q, k, v).sum().backward()
 
 
 def measure_one(kernel: str, T: int, repeat: int, threads: int | None = None) -> dict:
@@ -80,22 +108,91 @@ def measure_one(kernel: str, T: int, repeat: int, threads: int | None = None) ->
     fn = _attention(kernel, T)
     q, k, v = (torch.randn(1, H, T, DH, requires_grad=True) for _ in range(3))
     grad = torch.randn(1, H, T, DH)
-    times, peaks = [], []
+    _warm_up(kernel, T)
+    times, cpu, peaks = [], [], []
     runs = repeat + (1 if T <= 8192 else 0)
     for i in range(runs):
         q.grad = k.grad = v.grad = None
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # reset VmHWM to the current resident set
         before = _status_bytes("VmRSS")
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         fn(q, k, v).backward(grad)
-        elapsed = time.perf_counter() - start
+        elapsed, elapsed_cpu = time.perf_counter() - start, time.process_time() - start_cpu
         peak = _status_bytes("VmHWM") - before
         if i or runs == repeat:
             times.append(elapsed)
+            cpu.append(elapsed_cpu)
             peaks.append(peak)
-    return {"kernel": kernel, "T": T, "seconds": statistics.median(times), "runs": len(times),
-            "peak_extra_mib": round(max(peaks) / 2**20, 1)}
+    return {"kernel": kernel, "T": T, "seconds": statistics.median(times), "cpu_seconds": statistics.median(cpu),
+            "runs": len(times), "peak_extra_mib": round(max(peaks) / 2**20, 1)}
+
+
+def mean_keys(kernel: str, T: int) -> float | None:
+    """The exact mean number of keys a query attends to under the kernel's causal pattern."""
+    import torch
+
+    from attnlab.nn.sparse_patterns import bigbird_table
+
+    i = torch.arange(T, dtype=torch.float64)
+    if kernel in ("sdpa", "naive"):
+        return (T + 1) / 2
+    if kernel in ("sliding_window", "longformer"):
+        n = i.clamp(max=WINDOW) + 1
+        if kernel == "longformer":  # each global key outside the window; a global query sees all earlier
+            for g in (0, T // 2):
+                n += (i - g > WINDOW).double()
+            for g in (0, T // 2):
+                n[g] = g + 1
+        return round(float(n.mean()), 1)
+    if kernel in BIGBIRD:
+        cfg = BIGBIRD[kernel]
+        b = cfg["block"]
+        table = bigbird_table(T, b, cfg["window_blocks"], cfg["global_blocks"], cfg["random_blocks"], 0, True)
+        nq = table.shape[0]
+        earlier = ((table != nq) & (table < torch.arange(nq)[:, None])).sum(1).double()  # whole blocks
+        per_row = (earlier[:, None] * b + torch.arange(1, b + 1)).flatten()[:T]  # + own block up to itself
+        return round(float(per_row.mean()), 1)
+    return None
+
+
+def measure_turns(kernels: list[str], T: int, repeat: int, threads: int | None = None) -> dict:
+    """Median times of forward + backward with the kernels taking turns in this process."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    for name in kernels:
+        _warm_up(name, T)
+    fns = {name: _attention(name, T) for name in kernels}
+    q, k, v = (torch.randn(1, H, T, DH, requires_grad=True) for _ in range(3))
+    grad = torch.randn(1, H, T, DH)
+    times: dict[str, list[float]] = {name: [] for name in kernels}
+    cpu: dict[str, list[float]] = {name: [] for name in kernels}
+    for i in range(repeat + (1 if T <= 8192 else 0)):
+        for name, fn in fns.items():
+            q.grad = k.grad = v.grad = None
+            start, start_cpu = time.perf_counter(), time.process_time()
+            fn(q, k, v).backward(grad)
+            if i or T > 8192:
+                times[name].append(time.perf_counter() - start)
+                cpu[name].append(time.process_time() - start_cpu)
+    return {"T": T, "runs": repeat, "seconds": {n: round(statistics.median(t), 4) for n, t in times.items()},
+            "cpu_seconds": {n: round(statistics.median(t), 4) for n, t in cpu.items()}}
+
+
+def run_turns(kernels: list[str], T: int, repeat: int, timeout: float, threads: int | None) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--turns", ",".join(kernels), str(T), "--repeat", str(repeat)]
+    if threads:
+        cmd += ["--threads", str(threads)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * len(kernels), check=False)
+    except subprocess.TimeoutExpired:
+        return {"T": T, "skipped": "took longer than --timeout per kernel"}
+    if done.returncode:
+        return {"T": T, "error": done.stderr.strip().splitlines()[-1:]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def run_isolated(kernel: str, T: int, repeat: int, timeout: float, threads: int | None) -> dict:
@@ -123,11 +220,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per point before giving up")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads per point (default: torch's own); every kernel and peer gets the same")
+    parser.add_argument("--interleave", action="store_true",
+                        help="also time the kernels taking turns in one process per T; ratios come from these")
     parser.add_argument("--out", help="also write the JSON here (atomically)")
     parser.add_argument("--one", nargs=2, metavar=("KERNEL", "T"), help=argparse.SUPPRESS)
+    parser.add_argument("--turns", nargs=2, metavar=("KERNELS", "T"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(measure_one(args.one[0], int(args.one[1]), args.repeat, args.threads)))
+        return 0
+    if args.turns:
+        print(json.dumps(measure_turns(args.turns[0].split(","), int(args.turns[1]), args.repeat, args.threads)))
         return 0
     sizes = [int(s) for s in args.sizes.split(",")]
     kernels = args.kernels.split(",")
@@ -135,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         if name not in KERNELS:
             raise SystemExit(f"--kernels: unknown kernel {name!r}; choose from {', '.join(KERNELS)}")
     limits = {"sdpa": args.max_sdpa, "naive": args.max_naive, "linformer": args.max_linformer}
+    load_start = _loadavg()
     results = []
     for T in sizes:
         for name in kernels:
@@ -142,26 +246,52 @@ def main(argv: list[str] | None = None) -> int:
                 row = {"kernel": name, "T": T, "skipped": f"T > --max-{name} {limits[name]} (too slow or too much memory)"}
             else:
                 row = run_isolated(name, T, args.repeat, args.timeout, args.threads)
+            if "seconds" in row or "peak_extra_mib" in row:
+                row["keys"], row["mean_keys"] = KEYS.get(name), mean_keys(name, T)
             print(json.dumps(row), file=sys.stderr, flush=True)
             results.append(row)
+    turns = []
+    if args.interleave:
+        for T in sizes:
+            names = [n for n in kernels if T <= limits.get(n, T) and n not in PEERS]
+            row = run_turns(names, T, args.repeat, args.timeout, args.threads)
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            turns.append(row)
     by = {(r["kernel"], r["T"]): r for r in results}
+    alone = {key: r["seconds"] for key, r in by.items() if "seconds" in r}
+    seconds = {**alone, **{(n, r["T"]): t for r in turns for n, t in r.get("seconds", {}).items()}}
+    alone_cpu = {key: r["cpu_seconds"] for key, r in by.items() if "cpu_seconds" in r}
+    cpu = {**alone_cpu, **{(n, r["T"]): t for r in turns for n, t in r.get("cpu_seconds", {}).items()}}
     ratios = []
     for T in sizes:
-        ref = by.get(("sliding_window", T), {})
-        for peer in ("sdpa", "naive", "longformer", "bigbird"):
-            other = by.get((peer, T), {})
-            if "seconds" in ref and "seconds" in other:
-                ratios.append({"T": T, "kernel": peer, "time_vs_sliding_window": round(other["seconds"] / ref["seconds"], 2)})
+        for peer in ("sdpa", "naive", "longformer", "bigbird", "bigbird_r2"):
+            wall, proc = (alone, alone_cpu) if peer in PEERS else (seconds, cpu)  # like against like
+            ref, other = wall.get(("sliding_window", T)), wall.get((peer, T))
+            if ref and other:
+                row = {"T": T, "kernel": peer, "time_vs_sliding_window": round(other / ref, 2),
+                       "measured": "separate processes" if not turns or peer in PEERS else "in turns, one process"}
+                ref_mem, mem = by.get(("sliding_window", T), {}), by.get((peer, T), {})
+                if "peak_extra_mib" in ref_mem and "peak_extra_mib" in mem:
+                    row["memory_vs_sliding_window"] = round(mem["peak_extra_mib"] / ref_mem["peak_extra_mib"], 2)
+                if proc.get(("sliding_window", T)) and proc.get((peer, T)):
+                    row["cpu_time_vs_sliding_window"] = round(proc[(peer, T)] / proc[("sliding_window", T)], 2)
+                ratios.append(row)
+
     scaling = []
     for name in kernels:
-        pts = [(T, by[(name, T)]["seconds"]) for T in sizes if "seconds" in by.get((name, T), {})]
-        for (t1, s1), (t2, s2) in zip(pts, pts[1:]):
-            scaling.append({"kernel": name, "from_T": t1, "to_T": t2, "time_ratio": round(s2 / s1, 2)})
+        pts = [(T, seconds[(name, T)], cpu.get((name, T))) for T in sizes if (name, T) in seconds]
+        for (t1, s1, c1), (t2, s2, c2) in zip(pts, pts[1:]):
+            row = {"kernel": name, "from_T": t1, "to_T": t2, "time_ratio": round(s2 / s1, 2)}
+            if c1 and c2:
+                row["cpu_time_ratio"] = round(c2 / c1, 2)
+            scaling.append(row)
     report = {
         "setting": {"batch": 1, "heads": H, "head_dim": DH, "dtype": "float32", "window": WINDOW, "pass": "forward+backward",
                     "threads": args.threads or _threads(), "machine": os.uname().nodename, "cpus": os.cpu_count(),
-                    "memory_method": "peak RSS growth: /proc/self/clear_refs then VmHWM - VmRSS, one process per point"},
-        "results": results, "ratios": ratios, "scaling": scaling,
+                    "memory_method": "peak RSS growth: /proc/self/clear_refs then VmHWM - VmRSS, one process per point",
+                    "loadavg_at_start": load_start, "loadavg_at_end": _loadavg()},
+        "keys_per_query": {n: KEYS[n] for n in kernels},
+        "results": results, "turns": turns, "ratios": ratios, "scaling": scaling,
     }
     text = json.dumps(report, indent=2)
     print(text)
@@ -170,6 +300,11 @@ def main(argv: list[str] | None = None) -> int:
 
         atomic_write_text(args.out, text + "\n")
     return 0
+
+
+def _loadavg() -> str:
+    with open("/proc/loadavg") as f:
+        return f.read().strip()
 
 
 def _threads() -> int:

@@ -14,7 +14,9 @@ and, as dense bool masks for reference and plots, in `attnlab.nn.masks`.
 Every kernel takes q, k, v (B, H, T, Dh) after the score's own preparation, and the usual
 bool mask (True = may attend, broadcastable to (B, H, T, T); padding (B, 1, 1, T) costs O(T))
 and float bias; it never builds a T x T tensor itself. Global queries (Longformer, BigBird) run
-a dense row attention over all T keys: O(g T) memory.
+a dense row attention over all T keys: O(g T) memory. Without a bias and with at most a
+padding mask, all three run the band kernel of `attnlab.nn.band` (no gathers or copies of
+full-length tensors); other masks and biases take `attnlab.nn.block_sparse`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from torch import Tensor, nn
 
 from attnlab.nn.band import band_attention
 from attnlab.nn.block_sparse import BlockPlan, _as_4d, block_sparse_attention
-from attnlab.nn.sparse_patterns import bigbird_table, global_index, sliding_window_table
+from attnlab.nn.sparse_patterns import bigbird_random_part, bigbird_table, global_index, sliding_window_table
 
 
 def default_tile(window: int) -> int:
@@ -157,13 +159,11 @@ def longformer_attention(q: Tensor, k: Tensor, v: Tensor, *, window: int, global
     b = tile or default_tile(window)
     s = _scale(q, scale)
     key_valid = _key_valid(q, mask, bias)
-    if key_valid is not False:
-        out = band_attention(q, k, v, window=window, causal=causal, tile=b, scale=s, key_valid=key_valid,
-                             global_keys=gidx, dropout_p=dropout_p)
-    else:
-        plan = BlockPlan(b, sliding_window_table(T, b, window, causal), window, causal,
-                         gidx if gidx.shape[1] else None)
-        out = block_sparse_attention(q, k, v, plan, scale=s, mask=mask, bias=bias, dropout_p=dropout_p)
+    if key_valid is not False:  # global queries and keys inside the band kernel: no full-size copies
+        return band_attention(q, k, v, window=window, causal=causal, tile=b, scale=s, key_valid=key_valid,
+                              global_keys=gidx, global_queries=gidx, dropout_p=dropout_p)
+    plan = BlockPlan(b, sliding_window_table(T, b, window, causal), window, causal, gidx if gidx.shape[1] else None)
+    out = block_sparse_attention(q, k, v, plan, scale=s, mask=mask, bias=bias, dropout_p=dropout_p)
     return _global_rows(q, k, v, out, gidx, scale=s, causal=causal, mask=mask, bias=bias, dropout_p=dropout_p)
 
 
@@ -172,6 +172,10 @@ def bigbird_attention(q: Tensor, k: Tensor, v: Tensor, *, block: int, window_blo
                       scale: float | None = None, mask: Tensor | None = None, bias: Tensor | None = None,
                       dropout_p: float = 0.0) -> Tensor:
     """BigBird: window, global and random blocks (see `sparse_patterns.bigbird_table`).
+
+    With no bias and at most a key mask, this runs the band kernel (`attnlab.nn.band`): the
+    window blocks as a band, the global blocks as global keys (and, bidirectional, global
+    queries), the random blocks gathered per block; otherwise the general block kernel.
 
     Args:
         q, k, v, causal, scale, mask, bias, dropout_p: as `sliding_window_attention`.
@@ -184,10 +188,19 @@ def bigbird_attention(q: Tensor, k: Tensor, v: Tensor, *, block: int, window_blo
     _check_qkv(q, k, v)
     B, H, T, _ = q.shape
     table = bigbird_table(T, block, window_blocks, global_blocks, random_blocks, seed, causal)
-    out = block_sparse_attention(q, k, v, BlockPlan(block, table, None, causal), scale=_scale(q, scale), mask=mask,
-                                 bias=bias, dropout_p=dropout_p)
     n_rows = min(global_blocks * block, T)
     rows = torch.arange(n_rows, device=q.device)[None].expand(B, n_rows)
+    key_valid = _key_valid(q, mask, bias)
+    if key_valid is not False:
+        # window blocks as a band, the global blocks as global keys, the random blocks gathered
+        # per tile; a causal global query sees only keys of global blocks, already its own
+        return band_attention(q, k, v, window=None, window_blocks=window_blocks, causal=causal, tile=block,
+                              scale=_scale(q, scale), key_valid=key_valid, global_keys=rows,
+                              global_queries=None if causal else rows,
+                              random_blocks=bigbird_random_part(table, window_blocks, global_blocks, causal),
+                              dropout_p=dropout_p)
+    out = block_sparse_attention(q, k, v, BlockPlan(block, table, None, causal), scale=_scale(q, scale), mask=mask,
+                                 bias=bias, dropout_p=dropout_p)
     return _global_rows(q, k, v, out, rows, scale=_scale(q, scale), causal=causal, mask=mask, bias=bias,
                         dropout_p=dropout_p)
 

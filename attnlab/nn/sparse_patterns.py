@@ -142,3 +142,23 @@ def global_index(global_tokens: Tensor | None, t: int, batch: int, device: torch
         raise ValueError(f"global positions must be >= 0, got {pos.tolist()}")
     pos = pos[pos < t]
     return pos.to(device)[None].expand(batch, -1).contiguous()
+
+
+def bigbird_random_part(table: Tensor, window_blocks: int, global_blocks: int, causal: bool) -> Tensor:
+    """The random blocks of a `bigbird_table`: each row's blocks outside its window and the
+    global blocks, first, sentinel NQ after.
+
+    Args:
+        table: (NQ, n) from `bigbird_table`.
+        window_blocks, global_blocks, causal: the arguments that built it.
+
+    Returns:
+        LongTensor (NQ, R), R the most random blocks of any row (0 when there are none).
+    """
+    nq = table.shape[0]
+    i = torch.arange(nq, device=table.device)[:, None]
+    in_window = (table >= i - window_blocks) & (table <= (i if causal else i + window_blocks))
+    random = (table != nq) & ~in_window & (table >= global_blocks)
+    width = int(random.sum(1).max()) if nq else 0
+    keyed = torch.where(random, table, torch.full_like(table, nq)).sort(1).values
+    return keyed[:, :width].contiguous()
