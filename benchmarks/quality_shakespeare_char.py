@@ -1,25 +1,38 @@
-"""Quality at equal wall-clock: attnlab's char-level Shakespeare recipe vs a nanoGPT-style
-baseline written here (the published train_shakespeare_char settings scaled to CPU: 4 layers,
-4 heads, 128 wide, context 64, batch 12, dropout 0, AdamW lr 1e-3 -> 1e-4 cosine, warmup 100).
+"""Quality at equal compute time: attnlab's char-level Shakespeare recipe vs a nanoGPT-style
+baseline written here (nanoGPT's published CPU scaling of train_shakespeare_char: 4 layers,
+4 heads, 128 wide, context 64, batch 12, dropout 0, AdamW lr 1e-3 -> 1e-4 cosine over the run,
+warmup 100, betas (0.9, 0.99), weight decay 0.1, clipping 1.0).
 
-Both train on the same token file (the `shakespeare` corpus, char tokenizer) for the same
-number of seconds (each run times 10 steps first and sets its step count to fit the budget, so
-both schedules finish), then are evaluated on the same held-out windows (The Tempest, 64
-characters). Prints JSON with both validation losses and their difference.
+Built for a shared machine. The two trainings run in one process, interleaved step by step
+(A, B, A, B, ...), and each is charged only the time of its own steps against its budget, so
+a change in load hits both alike. Each side sets its schedule length the way `attnlab demo`
+does: time a few throwaway steps (interleaved too, after one warm-up step), then run as many
+steps as fit in the budget; a side whose charged time reaches the budget first stops there.
+attnlab's steps are exactly the trainer's (`Trainer._train_step`, then the schedule), with the
+recipe of examples/shakespeare_char.json (`attnlab.cli.demo.demo_config`). Both models are
+then evaluated in float32 on the same held-out windows: all of The Tempest, in windows of 65
+characters (the baseline's context + 1), mean NLL in nats per character.
 
-    python benchmarks/quality_shakespeare_char.py --minutes 3
+    python benchmarks/quality_shakespeare_char.py                       # 2 and 4 minutes, seeds 0 and 1
+    python benchmarks/quality_shakespeare_char.py --minutes 2 --seeds 0 --set data.batch_size=8
+
+Prints one JSON line per duel and a summary; `--threads` defaults to 1.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
+import statistics
 import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+EVAL_WINDOW = 65  # the baseline's context (64) + 1
 
 
 class Block(nn.Module):
@@ -67,83 +80,177 @@ def cosine(step: int, total: int, warmup: int, lr: float, min_lr: float) -> floa
     return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * p))
 
 
-def train_baseline(pipe, seconds: float, seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    model = BaselineGPT(pipe.tokenizer.vocab_size)
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    keep = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": keep, "weight_decay": 0.0}],
-                            lr=1e-3, betas=(0.9, 0.99))
-    g = torch.Generator().manual_seed(seed)
+class Baseline:
+    """The nanoGPT-style run: `step()` does one optimisation step of the schedule."""
 
-    def step(i, total):
-        for group in opt.param_groups:
-            group["lr"] = cosine(i, total, 100, 1e-3, 1e-4)
-        w = pipe.train.random_windows(12, 65, g)
-        loss = model.loss(w[:, :-1], w[:, 1:])
-        opt.zero_grad(set_to_none=True)
+    def __init__(self, pipe, seed: int, total_steps: int):
+        torch.manual_seed(seed)
+        self.model = BaselineGPT(pipe.tokenizer.vocab_size)
+        decay = [p for p in self.model.parameters() if p.dim() >= 2]
+        keep = [p for p in self.model.parameters() if p.dim() < 2]
+        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": keep, "weight_decay": 0.0}],
+                                     lr=1e-3, betas=(0.9, 0.99))
+        self.g = torch.Generator().manual_seed(seed)
+        self.pipe, self.total, self.done, self.tokens_per_step = pipe, total_steps, 0, 12 * 64
+
+    def step(self) -> None:
+        for group in self.opt.param_groups:
+            group["lr"] = cosine(self.done, self.total, 100, 1e-3, 1e-4)
+        w = self.pipe.train.random_windows(12, 65, self.g)
+        loss = self.model.loss(w[:, :-1], w[:, 1:])
+        self.opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self.done += 1
 
-    t = time.perf_counter()
-    for i in range(10):
-        step(i, 10_000)
-    total = max(20, int(seconds / ((time.perf_counter() - t) / 10)))
-    for i in range(10, total):
-        step(i, total)
-    model.steps = total
-    return model
+    def val_loss(self, windows: torch.Tensor) -> float:
+        return _mean_nll(self.model, self.model.loss, windows)
 
 
-def train_attnlab(seconds: float, seed: int, out_dir: str):
-    from attnlab.cli.demo import demo_config
-    from attnlab.training import TrainConfig, Trainer
+class Attnlab:
+    """The recipe through attnlab's trainer: `step()` is what `Trainer.fit` does per step."""
 
-    probe = Trainer(TrainConfig.from_dict(demo_config(10, out_dir + "-probe", seed)), show_progress=False,
-                    log=lambda _: None)
-    t = time.perf_counter()
-    probe.fit()
-    per_step = (time.perf_counter() - t) / 10  # includes one evaluation and checkpoint: a slight underestimate of steps
-    steps = max(20, int(seconds / per_step))
-    cfg = demo_config(steps, out_dir, seed)
-    cfg["train"]["max_minutes"] = None
-    cfg["train"]["eval_every"] = cfg["train"]["checkpoint_every"] = steps
-    trainer = Trainer(TrainConfig.from_dict(cfg), show_progress=False, log=lambda _: None)
-    trainer.fit()
-    trainer.model.steps = steps
-    return trainer
+    def __init__(self, pipe, seed: int, total_steps: int, overrides: list[tuple[str, object]], out_dir: str):
+        from attnlab.cli.demo import demo_config
+        from attnlab.training import TrainConfig, Trainer
+        from attnlab.training.config import apply_overrides
+
+        cfg = apply_overrides(demo_config(total_steps, out_dir, seed), overrides)
+        cfg["train"]["threads"] = None  # the benchmark sets threads once for both
+        config = TrainConfig.from_dict(cfg)
+        pipe = dataclasses.replace(pipe, cfg=config.data)  # the recipe's batch size and context
+        self.trainer = Trainer(config, pipeline=pipe, show_progress=False, log=lambda _: None)
+        self.trainer.model.train()
+        self.total, self.done = total_steps, 0
+        self.tokens_per_step = cfg["data"]["batch_size"] * cfg["data"]["seq_len"] * cfg["train"].get("grad_accum", 1)
+        self.config = cfg
+
+    def step(self) -> None:
+        t = self.trainer
+        _, _, skipped = t._train_step()
+        if skipped:
+            raise RuntimeError(f"attnlab: non-finite loss at step {t.step + 1}")
+        t.schedule.step()
+        t.step += 1
+        self.done += 1
+
+    def val_loss(self, windows: torch.Tensor) -> float:
+        from attnlab.training.steps import batch_loss
+
+        model = self.trainer.model
+        return _mean_nll(model, lambda x, y: batch_loss(model, {"input_ids": x, "labels": y}), windows)
 
 
 @torch.no_grad()
-def val_loss(loss_fn, pipe, batches: int = 40) -> float:
-    windows = pipe.valid.sequential_windows(65, limit=batches * 12)
-    losses = [float(loss_fn(windows[i: i + 12, :-1], windows[i: i + 12, 1:])) for i in range(0, len(windows), 12)]
-    return sum(losses) / len(losses)
+def _mean_nll(model: nn.Module, loss_fn, windows: torch.Tensor, batch: int = 64) -> float:
+    """Mean per-character NLL over all windows (every window has the same length)."""
+    was = model.training
+    model.eval()
+    losses = [float(loss_fn(windows[i: i + batch, :-1], windows[i: i + batch, 1:])) * len(windows[i: i + batch])
+              for i in range(0, len(windows), batch)]
+    model.train(was)
+    return sum(losses) / len(windows)
+
+
+def _timed(side) -> float:
+    t = time.perf_counter()
+    side.step()
+    return time.perf_counter() - t
+
+
+def duel(pipe, seconds: float, seed: int, overrides, out_dir: str, probe_steps: int = 8) -> dict:
+    """One interleaved race of `seconds` of charged step time each; returns the JSON record."""
+    from attnlab.cli.demo import RECIPE
+
+    most = int(dict(overrides).get("train.max_steps", RECIPE["train"]["max_steps"]))
+    # 1. calibrate: one warm-up and `probe_steps` timed steps each, interleaved, on throwaway runs
+    probes = [Attnlab(pipe, seed, most, overrides, out_dir), Baseline(pipe, seed, 10_000)]
+    times = [[], []]
+    for i in range(probe_steps + 1):
+        for k, side in enumerate(probes):
+            dt = _timed(side)
+            if i:
+                times[k].append(dt)
+    per_step = [statistics.median(ts) for ts in times]
+    planned = [max(20, min(most, int(seconds / per_step[0]))), max(20, int(seconds / per_step[1]))]
+    # 2. the race, fresh models with schedules of the planned lengths
+    sides = [Attnlab(pipe, seed, planned[0], overrides, out_dir), Baseline(pipe, seed, planned[1])]
+    spent = [0.0, 0.0]
+    load = [_loadavg()]
+    while True:
+        active = [k for k, side in enumerate(sides) if side.done < side.total and spent[k] < seconds]
+        if not active:
+            break
+        for k in active:
+            spent[k] += _timed(sides[k])
+            if sides[k].done % 500 == 0:
+                load.append(_loadavg())
+    windows = pipe.valid.sequential_windows(EVAL_WINDOW)
+    ours, theirs = (side.val_loss(windows) for side in sides)
+    names = ("attnlab", "baseline")
+    out = {"budget_minutes": seconds / 60, "seed": seed, "threads": torch.get_num_threads()}
+    for k, name in enumerate(names):
+        side = sides[k]
+        out.update({f"{name}_val_loss": (ours, theirs)[k], f"{name}_steps": side.done, f"{name}_planned_steps": side.total,
+                    f"{name}_seconds": round(spent[k], 1), f"{name}_probe_ms_per_step": round(1000 * per_step[k], 1),
+                    f"{name}_tokens": side.done * side.tokens_per_step,
+                    f"{name}_tokens_per_s": round(side.done * side.tokens_per_step / max(spent[k], 1e-9))})
+    out["difference_attnlab_minus_baseline"] = ours - theirs
+    out["eval"] = (f"The Tempest, all {len(windows)} windows of {EVAL_WINDOW} characters, float32, mean NLL in "
+                   "nats/char")
+    out["loadavg"] = load
+    return out
+
+
+def _loadavg() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def _parse_set(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"--set expects KEY=VALUE (e.g. data.batch_size=8), got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--minutes", type=float, default=3.0, help="training budget of each model")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--out", default="runs/bench-quality")
+    parser.add_argument("--minutes", type=float, nargs="+", default=[2.0, 4.0], help="budgets (charged step time)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for both (default 1)")
+    parser.add_argument("--set", dest="overrides", type=_parse_set, action="append", default=[],
+                        help="override the recipe, dotted KEY=VALUE (repeatable), for tuning")
+    parser.add_argument("--out", default="runs/bench-quality", help="where the tokenizer is kept (no checkpoints are written)")
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    from attnlab.training.steps import batch_loss
+    torch.set_num_threads(args.threads)
+    from attnlab.cli.demo import demo_config
+    from attnlab.training import TrainConfig
+    from attnlab.training.pipeline import Pipeline
 
-    trainer = train_attnlab(60 * args.minutes, args.seed, args.out)
-    pipe = trainer.pipeline
-    model = trainer.model.eval()
-    ours = val_loss(lambda x, y: batch_loss(model, {"input_ids": x, "labels": y}), pipe)
-    base = train_baseline(pipe, 60 * args.minutes, args.seed).eval()
-    theirs = val_loss(base.loss, pipe)
-    print(json.dumps({"budget_minutes": args.minutes, "threads": torch.get_num_threads(),
-                      "attnlab_val_loss": ours, "attnlab_steps": model.steps,
-                      "baseline_val_loss": theirs, "baseline_steps": base.steps,
-                      "difference_attnlab_minus_baseline": ours - theirs,
-                      "eval": "The Tempest, 64-character windows, mean NLL in nats/char"}, indent=1))
+    pipe = Pipeline.build(TrainConfig.from_dict(demo_config(10, args.out)).data, args.out, show_progress=False)
+    records = []
+    for minutes in args.minutes:
+        for seed in args.seeds:
+            record = duel(pipe, 60 * minutes, seed, args.overrides, args.out)
+            records.append(record)
+            print(json.dumps(record), flush=True)
+    summary = {"overrides": dict(args.overrides), "threads": args.threads}
+    for minutes in args.minutes:
+        rs = [r for r in records if r["budget_minutes"] == minutes]
+        summary[f"{minutes:g}min"] = {
+            "attnlab_mean": statistics.mean(r["attnlab_val_loss"] for r in rs),
+            "baseline_mean": statistics.mean(r["baseline_val_loss"] for r in rs),
+            "worst_difference": max(r["difference_attnlab_minus_baseline"] for r in rs),
+            "attnlab_no_worse_every_seed": all(r["difference_attnlab_minus_baseline"] <= 0 for r in rs)}
+    print(json.dumps(summary, indent=1))
 
 
 if __name__ == "__main__":

@@ -19,18 +19,32 @@ RECIPE = {  # the same as examples/shakespeare_char.json (a test keeps the two e
     "model": {"preset": "tiny-decoder", "d_model": 128, "num_layers": 4, "num_heads": 4, "d_ff": 512,
               "activation": "gelu", "dropout": 0.0, "norm_placement": "pre",
               "position": {"scheme": "rotary", "max_len": 128}},
-    "data": {"source": "shakespeare", "objective": "causal_lm", "seq_len": 128, "batch_size": 16,
+    "data": {"source": "shakespeare", "objective": "causal_lm", "seq_len": 64, "batch_size": 16,
              "tokenizer": {"kind": "char"}},
     "optim": {"name": "adamw", "lr": 0.002, "betas": [0.9, 0.99], "weight_decay": 0.1, "grad_clip": 1.0},
     "schedule": {"name": "cosine", "warmup_steps": 100, "min_lr_ratio": 0.1},
-    "train": {"out_dir": "runs/shakespeare-char", "max_steps": 1500, "eval_every": 250,
-              "eval_batches": 20, "log_every": 50, "checkpoint_every": 250, "keep_last": 2, "seed": 0},
+    "train": {"out_dir": "runs/shakespeare-char", "max_steps": 5000, "precision": "bf16", "eval_every": 500,
+              "eval_batches": 20, "log_every": 50, "checkpoint_every": 500, "keep_last": 2, "seed": 0},
 }
 
 
+def bf16_is_fast() -> bool:
+    """Whether this machine runs bf16 matmuls natively (a GPU that supports it, or a CPU with
+    avx512_bf16/AMX); elsewhere bf16 autocast is emulated and slower than fp32."""
+    if torch.cuda.is_available():
+        return torch.cuda.is_bf16_supported()
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 def demo_config(steps: int | None = None, out_dir: str = "runs/demo", seed: int = 0, threads: int | None = None) -> dict:
-    """The recipe as plain data, shortened to `steps` (warmup and evaluation scale down with it)."""
+    """The recipe as plain data, shortened to `steps` (warmup and evaluation scale down with it);
+    fp32 instead of the recipe's bf16 on machines without native bf16."""
     cfg = copy.deepcopy(RECIPE)
+    if not bf16_is_fast():
+        cfg["train"]["precision"] = "fp32"
     cfg["train"].update(out_dir=out_dir, seed=seed, threads=threads)
     if steps is not None:
         run = cfg["train"]
@@ -95,7 +109,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("demo", help="train a small GPT on Shakespeare for a few minutes and generate",
                                    description=__doc__, epilog="example: attnlab demo --steps 300")
     parser.add_argument("--steps", type=int, default=None,
-                        help="optimisation steps (default: as many as fit in --minutes, at most the recipe's 1500)")
+                        help="optimisation steps (default: as many as fit in --minutes, at most the recipe's 5000)")
     parser.add_argument("--minutes", type=float, default=4.0,
                         help="training time budget when --steps is not given (default 4)")
     parser.add_argument("--seed", type=int, default=0)

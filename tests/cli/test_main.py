@@ -97,3 +97,12 @@ def test_demo_recipe_is_the_example_file():
 
     example = Path(__file__).resolve().parents[2] / "examples" / "shakespeare_char.json"
     assert json.loads(example.read_text()) == RECIPE
+
+
+def test_demo_falls_back_to_fp32_without_native_bf16(monkeypatch):
+    from attnlab.cli import demo
+
+    monkeypatch.setattr(demo, "bf16_is_fast", lambda: False)
+    assert demo.demo_config(10)["train"]["precision"] == "fp32"
+    monkeypatch.setattr(demo, "bf16_is_fast", lambda: True)
+    assert demo.demo_config(10)["train"]["precision"] == demo.RECIPE["train"]["precision"] == "bf16"

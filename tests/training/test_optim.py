@@ -72,3 +72,23 @@ def test_adamw_decays_only_the_decay_group():
         torch.testing.assert_close(after[n], before[n] * (1 - 0.1 * 0.5))
     for n in keep["names"]:
         torch.testing.assert_close(after[n], before[n])
+
+
+def test_build_optimizer_is_fused_on_cpu_and_steps_like_foreach_adamw():
+    torch.manual_seed(0)
+    model = build_model(presets.get("tiny-decoder"))
+    twin = build_model(presets.get("tiny-decoder"))
+    twin.load_state_dict(model.state_dict())
+    opt = build_optimizer(model, "adamw", lr=0.01, weight_decay=0.1)
+    assert opt.defaults["fused"] is True
+    groups = [{k: v for k, v in g.items() if k != "names"} for g in decay_groups(twin, 0.1)]
+    ref = torch.optim.AdamW(groups, lr=0.01, betas=(0.9, 0.99), eps=1e-8, foreach=True)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        grads = [torch.randn(p.shape, generator=g) for p in model.parameters()]
+        for m, o in ((model, opt), (twin, ref)):
+            for p, grad in zip(m.parameters(), grads):
+                p.grad = grad.clone()
+            o.step()
+    for (name, a), b in zip(model.named_parameters(), twin.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
