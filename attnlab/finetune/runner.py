@@ -49,6 +49,7 @@ class Recipe:
     freeze_layers: int = 0
     lm_loss_weight: float = 0.0
     padding_side: str = "right"
+    label_position: str = "first"  # token classification: the sub-token of a word that carries its label
 
     def __post_init__(self):
         for name in ("lr", "layer_decay", "batch_size", "max_length", "max_steps"):
@@ -66,6 +67,8 @@ class Recipe:
             raise ValueError(f"lm_loss_weight must be >= 0, got {self.lm_loss_weight}")
         if self.padding_side not in ("left", "right"):
             raise ValueError(f"padding_side must be left or right, got {self.padding_side!r}")
+        if self.label_position not in ("first", "last"):
+            raise ValueError(f"label_position must be first or last, got {self.label_position!r}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Recipe":
@@ -108,6 +111,8 @@ def task_loss(model: nn.Module, batch: dict[str, Tensor], labels: Tensor, lm_wei
     out = model.apply_head(hidden, batch["attention_mask"])
     if model.config.head == "regression":
         main = F.mse_loss(out.float(), labels.float())
+    elif model.config.head == "token_classification":  # (B, T, K) vs (B, T) with IGNORE = -100 skipped
+        main = F.cross_entropy(out.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
     else:
         main = F.cross_entropy(out.float(), labels)
     parts = {"cls": main.item()}
@@ -172,17 +177,21 @@ class Finetuner:
                            padding_side=self.recipe.padding_side)
         return {k: v.to(device) for k, v in enc.items()}
 
+    def training_batch(self, indices: Sequence[int]) -> tuple[dict[str, Tensor], Tensor]:
+        """(model inputs, labels) of the training examples at `indices`."""
+        batch = self.batch([self.examples[i] for i in indices])
+        is_reg = self.model.config.head == "regression"
+        labels = torch.tensor([self.labels[i] for i in indices], dtype=torch.float if is_reg else torch.long)
+        return batch, labels
+
     def train(self, steps: int, on_step: Callable[[dict], None] | None = None) -> None:
         """Take `steps` optimisation steps (stops at recipe.max_steps); `on_step(history entry)`
         is called after each."""
         self.model.train()
-        is_reg = self.model.config.head == "regression"
         for _ in range(steps):
             if self.step_count >= self.recipe.max_steps:
                 return
-            idx = self._next_indices()
-            batch = self.batch([self.examples[i] for i in idx])
-            labels = torch.tensor([self.labels[i] for i in idx], dtype=torch.float if is_reg else torch.long)
+            batch, labels = self.training_batch(self._next_indices())
             with torch.random.fork_rng(devices=[]):  # dropout from this run's seed, not the global RNG
                 torch.manual_seed(self.seed * 1_000_003 + self.step_count)
                 loss, parts = task_loss(self.model, batch, labels.to(batch["input_ids"].device),

@@ -5,7 +5,8 @@
                         sentence appears twice: with its own German sentence (label 1) and with
                         another one (label 0) — a random one, or (hard_fraction of the time) the
                         German sentence of the nearest length. Splits are by English sentence,
-                        so no sentence crosses splits.
+                        so no sentence crosses splits. The training split may use its own share
+                        of hard negatives (`train_hard_fraction`); valid/test keep `hard_fraction`.
     shakespeare_plays   (single text) which play is a line from? From the `shakespeare` corpus:
                         speech lines of >= min_words words from a few plays, balanced per play.
 
@@ -49,8 +50,9 @@ def make_pair_examples(pairs: Sequence[tuple[str, str]], rng: random.Random, har
                        ) -> list[tuple[str, str, str]]:
     """(english, german, label) rows: each pair once positive and once with another pair's German.
 
-    A hard negative is the German sentence nearest in length (characters) among the other
-    pairs; a random negative is any other pair's German sentence."""
+    A hard negative is a German sentence nearest in length (characters) among the other
+    pairs, drawn at random among those equally near; a random negative is any other pair's
+    German sentence."""
     if len(pairs) < 2:
         raise ValueError("need at least 2 pairs to build negatives")
     by_len = sorted(range(len(pairs)), key=lambda i: (len(pairs[i][1]), i))
@@ -61,7 +63,12 @@ def make_pair_examples(pairs: Sequence[tuple[str, str]], rng: random.Random, har
         if rng.random() < hard_fraction:
             pos = bisect.bisect_left(lengths, len(de))
             near = [by_len[j] for j in range(max(0, pos - 3), min(len(by_len), pos + 4)) if by_len[j] != i]
-            j = min(near, key=lambda k: (abs(len(pairs[k][1]) - len(de)), k))
+            gap = min(abs(len(pairs[k][1]) - len(de)) for k in near)
+            # a random one of all the sentences at that distance: a fixed tie-break would make a
+            # few German sentences the negative of hundreds of pairs (a label shortcut)
+            tied = [by_len[j] for n in {len(de) - gap, len(de) + gap}
+                    for j in range(bisect.bisect_left(lengths, n), bisect.bisect_right(lengths, n)) if by_len[j] != i]
+            j = tied[rng.randrange(len(tied))]
         else:
             j = rng.randrange(len(pairs) - 1)
             j = j + 1 if j >= i else j
@@ -70,7 +77,7 @@ def make_pair_examples(pairs: Sequence[tuple[str, str]], rng: random.Random, har
 
 
 def translation_pairs(out_dir: str | os.PathLike, *, seed: int = 0, n_train: int = 6000, n_valid: int = 300,
-                      n_test: int = 500, hard_fraction: float = 0.5,
+                      n_test: int = 500, hard_fraction: float = 0.5, train_hard_fraction: float | None = None,
                       source: str | os.PathLike | None = None) -> dict[str, Path]:
     """Write the translation-pair task (see the module docstring).
 
@@ -78,7 +85,11 @@ def translation_pairs(out_dir: str | os.PathLike, *, seed: int = 0, n_train: int
         out_dir: folder for train.csv, valid.csv, test.csv.
         seed: picks the sentences, the negatives and the order.
         n_train, n_valid, n_test: English sentences per split (each gives 2 rows).
-        hard_fraction: share of negatives that are length-matched.
+        hard_fraction: share of negatives that are length-matched (valid and test; train too
+            unless train_hard_fraction is given).
+        train_hard_fraction: share for the training split only (None: hard_fraction). Training
+            on hard negatives only makes every negative informative; the held-out splits stay
+            as the task defines them.
         source: a TSV of english<TAB>german pairs (default: the `de-en` corpus' train.tsv, fetched).
 
     Returns:
@@ -90,8 +101,10 @@ def translation_pairs(out_dir: str | os.PathLike, *, seed: int = 0, n_train: int
     from attnlab.data.sources import read_pairs
 
     sizes = _sizes(n_train, n_valid, n_test)
-    if not 0 <= hard_fraction <= 1:
-        raise ValueError(f"hard_fraction must be in [0, 1], got {hard_fraction}")
+    train_hard = hard_fraction if train_hard_fraction is None else train_hard_fraction
+    for name, value in (("hard_fraction", hard_fraction), ("train_hard_fraction", train_hard)):
+        if not 0 <= value <= 1:
+            raise ValueError(f"{name} must be in [0, 1], got {value}")
     if source is None:
         from attnlab.data.corpora import split_files
 
@@ -105,8 +118,9 @@ def translation_pairs(out_dir: str | os.PathLike, *, seed: int = 0, n_train: int
     out.mkdir(parents=True, exist_ok=True)
     paths, start = {}, 0
     for split, n in zip(SPLITS, sizes):
-        rows = make_pair_examples(chosen[start:start + n], rng, hard_fraction)
-        rng.shuffle(rows)
+        split_rng = random.Random(f"{seed}:{split}")  # a split's negatives do not depend on another's
+        rows = make_pair_examples(chosen[start:start + n], split_rng, train_hard if split == "train" else hard_fraction)
+        split_rng.shuffle(rows)
         paths[split] = _write_csv(out / f"{split}.csv", ("text", "text_pair", "label"), rows)
         start += n
     return paths

@@ -62,3 +62,21 @@ def test_shakespeare_plays_balanced_and_deterministic(tmp_path):
     with pytest.raises(ValueError, match="'Delta' is not in"):
         shakespeare_plays(tmp_path / "c", plays=["Alpha", "Delta"], n_train=5, n_valid=2, n_test=2,
                           source=src)
+
+
+def test_train_hard_fraction_changes_only_the_training_split(tmp_path):
+    src = _pairs_file(tmp_path / "p.tsv", n=60)
+    base = translation_pairs(tmp_path / "a", seed=1, n_train=30, n_valid=10, n_test=10, source=src, hard_fraction=0.0)
+    hard = translation_pairs(tmp_path / "b", seed=1, n_train=30, n_valid=10, n_test=10, source=src, hard_fraction=0.0,
+                             train_hard_fraction=1.0)
+    assert base["valid"].read_bytes() == hard["valid"].read_bytes()
+    assert base["test"].read_bytes() == hard["test"].read_bytes()
+    truth = dict(line.split("\t") for line in src.read_text(encoding="utf-8").splitlines())
+    rows = _rows(hard["train"])
+    pool = {r["text_pair"] for r in rows if r["label"] == "1"}
+    for r in rows:
+        if r["label"] == "0":  # every training negative is the nearest German length
+            own = truth[r["text"]]
+            assert abs(len(r["text_pair"]) - len(own)) == min(abs(len(de) - len(own)) for de in pool - {own})
+    with pytest.raises(ValueError, match="train_hard_fraction"):
+        translation_pairs(tmp_path / "c", source=src, n_train=30, n_valid=10, n_test=10, train_hard_fraction=1.5)
