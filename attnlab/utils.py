@@ -20,3 +20,13 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def loadavg() -> str:
+    """The 1-, 5- and 15-minute load averages ("0.52 0.61 0.70"), or "n/a" where /proc is
+    missing: benchmarks record it beside their timings."""
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "n/a"

@@ -36,6 +36,7 @@ from attnlab.decoding import generate
 from attnlab.decoding.fast import packed, unsupported
 from attnlab.decoding.runner import lm_decoder
 from attnlab.interop import from_hf
+from attnlab.utils import loadavg
 
 
 def _sync(device: torch.device) -> None:
@@ -105,13 +106,6 @@ def _time(fn, device: torch.device) -> tuple[float, float, torch.Tensor]:
     _sync(device)
     return time.perf_counter() - t, time.process_time() - c, out
 
-
-def _loadavg() -> str | None:
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return None
 
 
 def run_case(name: str, hf: torch.nn.Module, batch: int, prompt_len: int, new: int, beams: int, repeats: int,
@@ -184,7 +178,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     torch.manual_seed(0)
-    load_before = _loadavg()
+    load_before = loadavg()
     bandwidth = memory_bandwidth(device)
     cases = []
     if args.only in (None, "greedy"):
@@ -199,7 +193,7 @@ def main() -> None:
             cases.append(run_case("beam4 bart-6+6L-384 V=50304", hf, batch, 32, args.beam_new_tokens, 4,
                                   args.repeats, device, bandwidth, seq2seq=True))
     print(json.dumps({
-        "benchmark": "generate", "device": str(device), "loadavg_before": load_before, "loadavg_after": _loadavg(),
+        "benchmark": "generate", "device": str(device), "loadavg_before": load_before, "loadavg_after": loadavg(),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
         "threads": torch.get_num_threads(), "torch": torch.__version__, "transformers": transformers.__version__,
         "memory_bandwidth_GBps": round(bandwidth, 2), "cases": cases,

@@ -41,6 +41,8 @@ import subprocess
 import sys
 import time
 
+from attnlab.utils import loadavg
+
 KERNELS = ("sdpa", "naive", "sliding_window", "longformer", "bigbird", "bigbird_r2", "linformer")
 PEERS = ("sdpa", "naive")  # dense, 10-100x slower: timed in their own processes, never in turns
 BIGBIRD = {"bigbird": dict(block=64, window_blocks=1, global_blocks=1, random_blocks=1),
@@ -238,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         if name not in KERNELS:
             raise SystemExit(f"--kernels: unknown kernel {name!r}; choose from {', '.join(KERNELS)}")
     limits = {"sdpa": args.max_sdpa, "naive": args.max_naive, "linformer": args.max_linformer}
-    load_start = _loadavg()
+    load_start = loadavg()
     results = []
     for T in sizes:
         for name in kernels:
@@ -289,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         "setting": {"batch": 1, "heads": H, "head_dim": DH, "dtype": "float32", "window": WINDOW, "pass": "forward+backward",
                     "threads": args.threads or _threads(), "machine": os.uname().nodename, "cpus": os.cpu_count(),
                     "memory_method": "peak RSS growth: /proc/self/clear_refs then VmHWM - VmRSS, one process per point",
-                    "loadavg_at_start": load_start, "loadavg_at_end": _loadavg()},
+                    "loadavg_at_start": load_start, "loadavg_at_end": loadavg()},
         "keys_per_query": {n: KEYS[n] for n in kernels},
         "results": results, "turns": turns, "ratios": ratios, "scaling": scaling,
     }
@@ -300,11 +302,6 @@ def main(argv: list[str] | None = None) -> int:
 
         atomic_write_text(args.out, text + "\n")
     return 0
-
-
-def _loadavg() -> str:
-    with open("/proc/loadavg") as f:
-        return f.read().strip()
 
 
 def _threads() -> int:

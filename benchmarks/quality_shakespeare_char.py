@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnlab.utils import loadavg
+
 EVAL_WINDOW = 65  # the baseline's context (64) + 1
 
 
@@ -177,7 +179,7 @@ def duel(pipe, seconds: float, seed: int, overrides, out_dir: str, probe_steps: 
     # 2. the race, fresh models with schedules of the planned lengths
     sides = [Attnlab(pipe, seed, planned[0], overrides, out_dir), Baseline(pipe, seed, planned[1])]
     spent = [0.0, 0.0]
-    load = [_loadavg()]
+    load = [loadavg()]
     while True:
         active = [k for k, side in enumerate(sides) if side.done < side.total and spent[k] < seconds]
         if not active:
@@ -185,7 +187,7 @@ def duel(pipe, seconds: float, seed: int, overrides, out_dir: str, probe_steps: 
         for k in active:
             spent[k] += _timed(sides[k])
             if sides[k].done % 500 == 0:
-                load.append(_loadavg())
+                load.append(loadavg())
     windows = pipe.valid.sequential_windows(EVAL_WINDOW)
     ours, theirs = (side.val_loss(windows) for side in sides)
     names = ("attnlab", "baseline")
@@ -202,13 +204,6 @@ def duel(pipe, seconds: float, seed: int, overrides, out_dir: str, probe_steps: 
     out["loadavg"] = load
     return out
 
-
-def _loadavg() -> str:
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "n/a"
 
 
 def _parse_set(text: str) -> tuple[str, object]:

@@ -26,6 +26,8 @@ from contextlib import nullcontext
 
 import torch
 
+from attnlab.utils import loadavg
+
 
 def attnlab_model(vocab: int, T: int):
     from attnlab import build_model, presets
@@ -152,7 +154,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     sample_peaks(2048)
-    results = {"threads": torch.get_num_threads(), "loadavg_start": _loadavg(), "runs": []}
+    results = {"threads": torch.get_num_threads(), "loadavg_start": loadavg(), "runs": []}
     for vocab in args.vocab:
         pairs = [("attnlab", "fp32"), ("hf", "fp32")]
         if not args.no_bf16 and vocab == args.vocab[0]:
@@ -164,19 +166,12 @@ def main() -> None:
             if key.endswith("_tokens_per_s"):
                 peak = PEAKS["bf16"] if "_bf16_" in key else PEAKS["fp32"]
                 r[key.replace("_tokens_per_s", "_mfu")] = r[key] * r["model_flops_per_token"] / peak
-        r["loadavg"] = _loadavg()
+        r["loadavg"] = loadavg()
         results["runs"].append(r)
         print(json.dumps(r), flush=True)
     results["matmul_peak_fp32_flops"], results["matmul_peak_bf16_flops"] = PEAKS["fp32"], PEAKS["bf16"]
     print(json.dumps(results, indent=1))
 
-
-def _loadavg() -> str:
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "n/a"
 
 
 if __name__ == "__main__":

@@ -12,12 +12,7 @@ from attnlab.cli.train import parse_overrides
 from tests.training.helpers import tiny_config
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("isolated_cache")
 
 
 def _config_file(tmp_path, **train):

@@ -23,12 +23,7 @@ from attnlab.training.steps import batch_loss, eval_sums, nsp_logits
 WORDS = "alpha beta gamma delta epsilon zeta theta iota kappa lambda sigma omega".split()
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("isolated_cache")
 
 
 def _numbered_corpus(lengths):

@@ -20,12 +20,7 @@ PAIRS = [(f"the {w} is {a} .", f"der {w} ist {b} .") for w in ("king", "queen", 
          for a, b in (("here", "hier"), ("there", "dort"), ("old", "alt"))]
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("isolated_cache")
 
 
 @pytest.mark.parametrize("attention", ["none", "additive", "general"])
