@@ -7,6 +7,7 @@ from attnlab.nn.kernels import attention_weights
 from attnlab.nn.masks import bigbird_mask, causal_mask, longformer_mask, sliding_window_mask
 from attnlab.nn.sparse import bigbird_attention, longformer_attention, sliding_window_attention
 from attnlab.nn.sparse_patterns import bigbird_table, global_index
+from tests.nn.gradcheck import assert_directional_derivatives
 
 ATOL = 1e-5
 
@@ -100,18 +101,7 @@ def test_dropout_backward_replays_the_forward_mask():
     assert not torch.equal(f(q, k, v), longformer_attention(q, k, v, window=5, global_tokens=torch.tensor([3]),
                                                             tile=8))
     # directional derivatives by central differences, against the analytic gradient
-    g = torch.randn_like(f(q, k, v))
-    grads = torch.autograd.grad((f(q, k, v) * g).sum(), (q, k, v))
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(3):
-        dirs = [torch.randn(x.shape, generator=gen, dtype=x.dtype) for x in (q, k, v)]
-        eps = 1e-6
-        with torch.no_grad():
-            plus = (f(*(x + eps * d for x, d in zip((q, k, v), dirs))) * g).sum()
-            minus = (f(*(x - eps * d for x, d in zip((q, k, v), dirs))) * g).sum()
-        numeric = (plus - minus) / (2 * eps)
-        analytic = sum((gr * d).sum() for gr, d in zip(grads, dirs))
-        torch.testing.assert_close(analytic, numeric, atol=1e-6, rtol=1e-6)
+    assert_directional_derivatives(f, (q, k, v), directions=3)
 
 
 # ---- the patterns' promises ---------------------------------------------------------------------
