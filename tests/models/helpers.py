@@ -17,3 +17,21 @@ def tiny(arch: str, scheme: str = "learned", **kw) -> torch.nn.Module:
 
 def ids(B: int, T: int, low: int = 1) -> torch.Tensor:
     return torch.randint(low, V, (B, T))
+
+
+def assert_cached_steps_equal_full(model, x, mask, steps: int = 6, rtol: float = 1e-5):
+    """Greedy-extend (x, mask) by `steps` tokens through a KV cache: the prompt's logits and
+    each step's last-position logits equal a full forward pass (atol 1e-5). Returns the cache
+    and the extended ids."""
+    from attnlab.nn.kv_cache import KVCache
+
+    cache = KVCache(max_len=x.shape[1] + steps)
+    with torch.no_grad():
+        step = model(x, mask, cache=cache)
+        torch.testing.assert_close(step, model(x, mask), atol=1e-5, rtol=rtol)
+        for _ in range(steps):
+            nxt = step[:, -1].argmax(-1, keepdim=True)
+            x, mask = torch.cat([x, nxt], 1), torch.cat([mask, torch.ones_like(nxt)], 1)
+            step = model(nxt, mask, cache=cache)
+            torch.testing.assert_close(step[:, -1], model(x, mask)[:, -1], atol=1e-5, rtol=rtol)
+    return cache, x

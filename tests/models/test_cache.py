@@ -5,7 +5,7 @@ import torch
 
 from attnlab.nn.kv_cache import KVCache
 
-from .helpers import SCHEMES, ids, tiny
+from .helpers import SCHEMES, assert_cached_steps_equal_full, ids, tiny
 
 
 def _left_padded_batch():
@@ -24,16 +24,7 @@ def _left_padded_batch():
 def test_decoder_cached_steps_equal_full_forward(scheme, variant):
     model = tiny("decoder", scheme, **variant)
     x, mask = _left_padded_batch()
-    cache = KVCache(max_len=x.shape[1] + 6)
-    with torch.no_grad():
-        step_logits = model(x, mask, cache=cache)
-        torch.testing.assert_close(step_logits, model(x, mask), atol=1e-5, rtol=1e-5)
-        for _ in range(6):
-            nxt = step_logits[:, -1].argmax(-1, keepdim=True)
-            x, mask = torch.cat([x, nxt], 1), torch.cat([mask, torch.ones_like(nxt)], 1)
-            step_logits = model(nxt, mask, cache=cache)
-            full = model(x, mask)
-            torch.testing.assert_close(step_logits[:, -1], full[:, -1], atol=1e-5, rtol=1e-5)
+    cache, x = assert_cached_steps_equal_full(model, x, mask, steps=6)
     assert cache.length == x.shape[1]
 
 

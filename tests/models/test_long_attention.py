@@ -6,6 +6,7 @@ import torch
 
 from attnlab import ModelConfig, build_model
 from attnlab.nn.kv_cache import KVCache
+from tests.models.helpers import assert_cached_steps_equal_full
 
 V = 50
 LONG = {
@@ -88,15 +89,7 @@ def test_cached_decoding_equals_full_forward(kernel):
     torch.manual_seed(0)
     model = model_for("decoder", kernel, "rotary")
     x, mask = batch(12)
-    cache = KVCache(max_len=20)
-    with torch.no_grad():
-        step = model(x, mask, cache=cache)
-        torch.testing.assert_close(step, model(x, mask), atol=1e-5, rtol=1e-4)
-        for _ in range(6):
-            nxt = step[:, -1].argmax(-1, keepdim=True)
-            x, mask = torch.cat([x, nxt], 1), torch.cat([mask, torch.ones_like(nxt)], 1)
-            step = model(nxt, mask, cache=cache)
-            torch.testing.assert_close(step[:, -1], model(x, mask)[:, -1], atol=1e-5, rtol=1e-4)
+    assert_cached_steps_equal_full(model, x, mask, steps=6, rtol=1e-4)
 
 
 def test_longformer_global_token_id_equals_global_positions():
