@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from attnlab.finetune.data import Example, encode_batch
 from attnlab.finetune.metrics import classification_report
 from attnlab.finetune.recipes import freeze, llrd_param_groups, reinit_top_layers
-from attnlab.training.optim import lr_factor
+from attnlab.training.optim import fused_ok, lr_factor
 
 
 @dataclass
@@ -50,6 +50,7 @@ class Recipe:
     lm_loss_weight: float = 0.0
     padding_side: str = "right"
     label_position: str = "first"  # token classification: the sub-token of a word that carries its label
+    precision: str = "fp32"  # fp32 | bf16 (autocast for the forward passes; weights and optimizer stay fp32)
 
     def __post_init__(self):
         for name in ("lr", "layer_decay", "batch_size", "max_length", "max_steps"):
@@ -69,6 +70,8 @@ class Recipe:
             raise ValueError(f"padding_side must be left or right, got {self.padding_side!r}")
         if self.label_position not in ("first", "last"):
             raise ValueError(f"label_position must be first or last, got {self.label_position!r}")
+        if self.precision not in ("fp32", "bf16"):
+            raise ValueError(f"precision must be fp32 or bf16, got {self.precision!r}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Recipe":
@@ -77,6 +80,11 @@ class Recipe:
         if unknown:
             raise ValueError(f"unknown recipe option(s) {unknown}; known: {sorted(known)}")
         return cls(**data)
+
+
+def autocast(precision: str, device: torch.device):
+    """The forward-pass context of a precision: bf16 autocast, or nothing for fp32."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
 def model_inputs(model: nn.Module, batch: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -149,8 +157,9 @@ class Finetuner:
         if recipe.freeze_embeddings or recipe.freeze_layers:
             freeze(model, embeddings=recipe.freeze_embeddings, layers=recipe.freeze_layers)
         groups = llrd_param_groups(model, recipe.lr, recipe.layer_decay, recipe.weight_decay)
-        self.optimizer = torch.optim.AdamW([{k: g[k] for k in ("params", "lr", "weight_decay")} for g in groups],
-                                           lr=recipe.lr, betas=(0.9, 0.999), eps=1e-8)
+        opt_groups = [{k: g[k] for k in ("params", "lr", "weight_decay")} for g in groups]
+        fast = {"fused": True} if fused_ok(p for g in opt_groups for p in g["params"]) else {"foreach": True}
+        self.optimizer = torch.optim.AdamW(opt_groups, lr=recipe.lr, betas=(0.9, 0.999), eps=1e-8, **fast)
         warmup = int(recipe.warmup_ratio * recipe.max_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(  # each group's lr times the shared factor
             self.optimizer, lambda s: lr_factor(recipe.schedule, s, total_steps=recipe.max_steps,
@@ -194,8 +203,9 @@ class Finetuner:
             batch, labels = self.training_batch(self._next_indices())
             with torch.random.fork_rng(devices=[]):  # dropout from this run's seed, not the global RNG
                 torch.manual_seed(self.seed * 1_000_003 + self.step_count)
-                loss, parts = task_loss(self.model, batch, labels.to(batch["input_ids"].device),
-                                        self.recipe.lm_loss_weight)
+                with autocast(self.recipe.precision, batch["input_ids"].device):
+                    loss, parts = task_loss(self.model, batch, labels.to(batch["input_ids"].device),
+                                            self.recipe.lm_loss_weight)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
             if not math.isfinite(loss.item()):
@@ -215,7 +225,8 @@ class Finetuner:
     def predict(self, examples: Sequence[Example], batch_size: int = 64) -> Tensor:
         """Head outputs for examples, in order: (N, K) logits, or (N,) for regression."""
         return predict(self.model, self.tokenizer, examples, max_length=self.recipe.max_length,
-                       pad_id=self.pad_id, padding_side=self.recipe.padding_side, batch_size=batch_size)
+                       pad_id=self.pad_id, padding_side=self.recipe.padding_side, batch_size=batch_size,
+                       precision=self.recipe.precision)
 
     def evaluate(self, examples: Sequence[Example], labels: Sequence[int]) -> dict:
         """accuracy, macro-F1, MCC and n (classification); mse (regression)."""
@@ -228,8 +239,9 @@ class Finetuner:
 
 @torch.no_grad()
 def predict(model: nn.Module, tokenizer: Any, examples: Sequence[Example], *, max_length: int = 128,
-            pad_id: int = 0, padding_side: str = "right", batch_size: int = 64) -> Tensor:
-    """Head outputs of a fine-tuned model for examples, in order (eval mode; mode restored)."""
+            pad_id: int = 0, padding_side: str = "right", batch_size: int = 64, precision: str = "fp32") -> Tensor:
+    """Head outputs of a fine-tuned model for examples, in order (eval mode; mode restored;
+    `precision` "bf16" runs the forward passes under bf16 autocast)."""
     was_training = model.training
     model.eval()
     outs = []
@@ -239,8 +251,9 @@ def predict(model: nn.Module, tokenizer: Any, examples: Sequence[Example], *, ma
             enc = encode_batch(tokenizer, examples[i:i + batch_size], max_length=max_length, pad_id=pad_id,
                                padding_side=padding_side)
             enc = {k: v.to(device) for k, v in enc.items()}
-            hidden = model.features(enc["input_ids"], **model_inputs(model, enc))
-            outs.append(model.apply_head(hidden, enc["attention_mask"]).float().cpu())
+            with autocast(precision, device):
+                hidden = model.features(enc["input_ids"], **model_inputs(model, enc))
+                outs.append(model.apply_head(hidden, enc["attention_mask"]).float().cpu())
     finally:
         model.train(was_training)
     return torch.cat(outs)

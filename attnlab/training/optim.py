@@ -73,11 +73,11 @@ def build_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-3, bet
     cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
     # PyTorch's fused kernel (one pass over each parameter; about 7x the foreach step on a CPU
     # core for a GPT-2-small-sized model) where every parameter allows it, else foreach
-    fast = {"fused": True} if _fused_ok(p for g in groups for p in g["params"]) else {"foreach": True}
+    fast = {"fused": True} if fused_ok(p for g in groups for p in g["params"]) else {"foreach": True}
     return cls(groups, lr=lr, betas=betas, eps=eps, **fast)
 
 
-def _fused_ok(params) -> bool:
+def fused_ok(params) -> bool:
     """Whether torch's fused Adam(W) accepts these parameters: plain floating-point tensors on
     one of the devices it supports."""
     from torch.utils._foreach_utils import _get_fused_kernels_supported_devices

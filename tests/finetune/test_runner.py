@@ -74,6 +74,25 @@ def test_finetuning_learns_a_toy_task_and_transfers_to_another():
             assert torch.equal(p, dict(b_model.named_parameters())[name])
 
 
+def test_bf16_recipe_runs_the_forward_in_bf16_keeps_fp32_weights_and_learns():
+    torch.manual_seed(0)
+    tok = char_tokenizer()
+    exs = [Example(t, label=y) for t, y in colour_rows(96)]
+    labels = LabelMap.from_examples(exs)
+    model = with_head(tiny("encoder", num_layers=2), "classification", len(labels), pooling="mean", seed=0)
+    seen = []
+    model.head.register_forward_hook(lambda m, args, out: seen.append(out.dtype))
+    run = Finetuner(model, tok, exs[:64], labels.encode(exs[:64]),
+                    Recipe(lr=3e-3, max_steps=60, batch_size=16, warmup_ratio=0.0, precision="bf16"), seed=0)
+    run.train(60)
+    assert set(seen) == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    assert run.predict(exs[:2]).dtype == torch.float32 and seen[-1] == torch.bfloat16
+    assert run.evaluate(exs[64:], labels.encode(exs[64:]))["accuracy"] >= 0.9
+    with pytest.raises(ValueError, match="precision must be fp32 or bf16"):
+        Recipe(precision="fp16")
+
+
 def test_data_errors_name_the_row_or_column(tmp_path):
     good = write_csv(tmp_path / "a.csv", ["text", "label"], [["x y", "pos"], ["z", "neg"]])
     with pytest.raises(ValueError, match=r"text_column='sentence' is not a column"):
