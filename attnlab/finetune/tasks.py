@@ -7,10 +7,15 @@
                         German sentence of the nearest length. Splits are by English sentence,
                         so no sentence crosses splits. The training split may use its own share
                         of hard negatives (`train_hard_fraction`); valid/test keep `hard_fraction`.
+    lexicon_pairs       the same task on dictionary words and phrases (`de-en-lexicon`): the
+                        intermediate task that teaches an English model German words first.
+    ui_translation_pairs the same task on LibreOffice UI strings (`libreoffice-de`): the
+                        intermediate task that teaches a model to align the two languages
+                        before the sentence task (examples/finetune/README.md).
     shakespeare_plays   (single text) which play is a line from? From the `shakespeare` corpus:
                         speech lines of >= min_words words from a few plays, balanced per play.
 
-Both write `train.csv`, `valid.csv`, `test.csv` (header text[,text_pair],label) with an atomic
+All write `train.csv`, `valid.csv`, `test.csv` (header text[,text_pair],label) with an atomic
 write each, and return their paths. Same seed and corpus -> byte-identical files.
 """
 
@@ -21,6 +26,7 @@ import csv
 import io
 import os
 import random
+import re
 from pathlib import Path
 from typing import Sequence
 
@@ -28,6 +34,8 @@ from attnlab.utils import atomic_write_text
 
 DEFAULT_PLAYS = ("Hamlet", "A Midsummer Night's Dream", "Henry V")
 SPLITS = ("train", "valid", "test")
+_WORD = re.compile(r"[^\W\d_]{2,}")  # a word: two or more letters
+_ENGLISH_WORD = re.compile(r"[A-Za-z][A-Za-z'-]*")
 
 
 def _write_csv(path: Path, header: Sequence[str], rows: Sequence[Sequence[str]]) -> Path:
@@ -76,7 +84,7 @@ def make_pair_examples(pairs: Sequence[tuple[str, str]], rng: random.Random, har
     return rows
 
 
-def translation_pairs(out_dir: str | os.PathLike, *, seed: int = 0, n_train: int = 6000, n_valid: int = 300,
+def translation_pairs(out_dir: str | os.PathLike, *, seed: int = 0, n_train: int = 14000, n_valid: int = 300,
                       n_test: int = 500, hard_fraction: float = 0.5, train_hard_fraction: float | None = None,
                       source: str | os.PathLike | None = None) -> dict[str, Path]:
     """Write the translation-pair task (see the module docstring).
@@ -84,7 +92,8 @@ def translation_pairs(out_dir: str | os.PathLike, *, seed: int = 0, n_train: int
     Args:
         out_dir: folder for train.csv, valid.csv, test.csv.
         seed: picks the sentences, the negatives and the order.
-        n_train, n_valid, n_test: English sentences per split (each gives 2 rows).
+        n_train, n_valid, n_test: English sentences per split (each gives 2 rows). The
+            defaults use 14,800 of the corpus' 15,615 training pairs.
         hard_fraction: share of negatives that are length-matched (valid and test; train too
             unless train_hard_fraction is given).
         train_hard_fraction: share for the training split only (None: hard_fraction). Training
@@ -100,18 +109,93 @@ def translation_pairs(out_dir: str | os.PathLike, *, seed: int = 0, n_train: int
     """
     from attnlab.data.sources import read_pairs
 
-    sizes = _sizes(n_train, n_valid, n_test)
-    train_hard = hard_fraction if train_hard_fraction is None else train_hard_fraction
-    for name, value in (("hard_fraction", hard_fraction), ("train_hard_fraction", train_hard)):
-        if not 0 <= value <= 1:
-            raise ValueError(f"{name} must be in [0, 1], got {value}")
     if source is None:
         from attnlab.data.corpora import split_files
 
         source = split_files("de-en")["train"]
-    pairs = sorted(set(read_pairs(source)))
+    return _write_pair_task(out_dir, sorted(set(read_pairs(source))), str(source), seed=seed,
+                            sizes=_sizes(n_train, n_valid, n_test), hard_fraction=hard_fraction,
+                            train_hard_fraction=train_hard_fraction)
+
+
+def ui_translation_pairs(out_dir: str | os.PathLike, *, language: str = "de", seed: int = 0, n_train: int = 13000,
+                         n_valid: int = 300, n_test: int = 300, min_words: int = 2, hard_fraction: float = 0.5,
+                         source: str | os.PathLike | None = None) -> dict[str, Path]:
+    """The translation-pair task on LibreOffice UI strings (`libreoffice-<language>` corpus,
+    train and valid files): an intermediate task for the sentence task above — UI strings
+    share many words with their translations (names, placeholders, loanwords), so a model
+    learns to align the two sides here before the harder everyday sentences.
+
+    Pairs whose translation equals the English string (untranslated) and English strings of
+    fewer than `min_words` words are dropped. Otherwise as `translation_pairs`.
+
+    Raises:
+        ValueError: bad sizes or min_words, or fewer pairs than asked for.
+        FileNotFoundError: the corpus cannot be fetched here and no `source` is given.
+    """
+    from attnlab.data.sources import read_pairs
+
+    if not isinstance(min_words, int) or min_words < 1:
+        raise ValueError(f"min_words must be an int >= 1, got {min_words!r}")
+    if source is None:
+        from attnlab.data.corpora import split_files
+
+        files = list(split_files(f"libreoffice-{language}").values())
+        source = f"libreoffice-{language}"
+    else:
+        files = [Path(source)]
+    pairs = {(en, tr) for f in files for en, tr in read_pairs(f)
+             if en != tr and len(_WORD.findall(en)) >= min_words}
+    return _write_pair_task(out_dir, sorted(pairs), str(source), seed=seed, sizes=_sizes(n_train, n_valid, n_test),
+                            hard_fraction=hard_fraction, train_hard_fraction=None)
+
+
+def lexicon_pairs(out_dir: str | os.PathLike, *, seed: int = 0, n_train: int = 29000, n_valid: int = 500,
+                  n_test: int = 500, max_words: int = 2, vocabulary: str | os.PathLike | set[str] | None = None,
+                  hard_fraction: float = 0.5, source: str | os.PathLike | None = None) -> dict[str, Path]:
+    """The translation-pair task on dictionary entries (`de-en-lexicon`: Ding's words and
+    phrases): does this German word or phrase translate this English one? An intermediate task
+    for the sentence task: an English encoder learns German vocabulary from it.
+
+    Entries are kept when their English side is 1 to `max_words` words of letters (hyphens and
+    apostrophes allowed) and, with a `vocabulary`, every English word (lower-cased) is in it —
+    e.g. the model's WordPiece vocab.txt, so the words are ones the model knows whole.
+    Otherwise as `translation_pairs`.
+
+    Raises:
+        ValueError: bad sizes or max_words, or fewer entries than asked for.
+    """
+    from attnlab.data.sources import read_pairs
+
+    if not isinstance(max_words, int) or max_words < 1:
+        raise ValueError(f"max_words must be an int >= 1, got {max_words!r}")
+    if isinstance(vocabulary, (str, os.PathLike)):
+        vocabulary = set(Path(vocabulary).read_text(encoding="utf-8").split())
+    if source is None:
+        from attnlab.data.corpora import split_files
+
+        source = split_files("de-en-lexicon")["train"]
+    pairs = set()
+    for en, de in read_pairs(source):
+        words = en.split()
+        if not 1 <= len(words) <= max_words or not all(_ENGLISH_WORD.fullmatch(w) for w in words):
+            continue
+        if vocabulary is None or all(w.lower() in vocabulary for w in re.findall(r"[A-Za-z']+", en)):
+            pairs.add((en, de))
+    return _write_pair_task(out_dir, sorted(pairs), str(source), seed=seed, sizes=_sizes(n_train, n_valid, n_test),
+                            hard_fraction=hard_fraction, train_hard_fraction=None)
+
+
+def _write_pair_task(out_dir: str | os.PathLike, pairs: list[tuple[str, str]], where: str, *, seed: int,
+                     sizes: tuple[int, int, int], hard_fraction: float, train_hard_fraction: float | None
+                     ) -> dict[str, Path]:
+    """Split sorted distinct pairs by English sentence and write each split's rows (module docstring)."""
+    train_hard = hard_fraction if train_hard_fraction is None else train_hard_fraction
+    for name, value in (("hard_fraction", hard_fraction), ("train_hard_fraction", train_hard)):
+        if not 0 <= value <= 1:
+            raise ValueError(f"{name} must be in [0, 1], got {value}")
     if len(pairs) < sum(sizes):
-        raise ValueError(f"{source} has {len(pairs)} distinct pairs; {sum(sizes)} requested")
+        raise ValueError(f"{where} has {len(pairs)} distinct pairs; {sum(sizes)} requested")
     rng = random.Random(seed)
     chosen = rng.sample(pairs, sum(sizes))
     out = Path(out_dir)

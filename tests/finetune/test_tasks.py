@@ -5,7 +5,7 @@ import csv
 import pytest
 
 from attnlab.data.corpora import DOC_SEPARATOR
-from attnlab.finetune.tasks import shakespeare_plays, translation_pairs
+from attnlab.finetune.tasks import lexicon_pairs, shakespeare_plays, translation_pairs, ui_translation_pairs
 
 
 def _pairs_file(path, n=40):
@@ -42,6 +42,41 @@ def test_translation_pairs_are_deterministic_balanced_and_split_by_sentence(tmp_
     assert not (english["train"] & english["valid"]) and not (english["train"] & english["test"])
     with pytest.raises(ValueError, match="distinct pairs"):
         translation_pairs(tmp_path / "d", n_train=100, source=src)
+
+
+def test_ui_translation_pairs_drop_untranslated_and_one_word_strings(tmp_path):
+    src = _pairs_file(tmp_path / "p.tsv")
+    with src.open("a", encoding="utf-8") as f:  # untranslated, one word: never in the task
+        f.write("Open PDF export settings\tOpen PDF export settings\nSave\tSpeichern\n")
+    a = ui_translation_pairs(tmp_path / "a", seed=1, n_train=30, n_valid=5, n_test=5, source=src)
+    b = ui_translation_pairs(tmp_path / "b", seed=1, n_train=30, n_valid=5, n_test=5, source=src)
+    assert all(a[s].read_bytes() == b[s].read_bytes() for s in a)
+    rows = [r for s in a for r in _rows(a[s])]
+    assert len(rows) == 80 and sum(r["label"] == "1" for r in rows) == 40
+    texts = {r["text"] for r in rows} | {r["text_pair"] for r in rows}
+    assert not texts & {"Open PDF export settings", "Save", "Speichern"}
+    with pytest.raises(ValueError, match="40 distinct pairs; 41 requested"):
+        ui_translation_pairs(tmp_path / "c", n_train=31, n_valid=5, n_test=5, source=src)
+    with pytest.raises(ValueError, match="min_words"):
+        ui_translation_pairs(tmp_path / "c", min_words=0, source=src)
+
+
+def test_lexicon_pairs_keep_short_entries_of_known_words(tmp_path):
+    words = ["cat", "dog", "red", "blue", "car", "house", "tree", "sun", "moon", "star", "sea", "well-known"]
+    lines = [f"{w}\t{w.upper()}-de" for w in words] + [f"{a} {b}\t{a}-{b}-de" for a in words[:6] for b in words[6:]]
+    lines += ["cat dog car\tdrei", "zebra\tZebra-de", "cat 2\tKatze 2", "C++ code\tCode"]  # too long, unknown, digits
+    src = tmp_path / "lex.tsv"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "well", "known", *words[:10]]) + "\n", encoding="utf-8")  # not "sea"
+    a = lexicon_pairs(tmp_path / "a", n_train=33, n_valid=4, n_test=4, vocabulary=vocab, source=src)
+    kept = {r["text"] for s in a for r in _rows(a[s])}
+    assert len(kept) == 41 and "well-known" in kept and "house well-known" in kept  # 11 words + 6 x 5 pairs
+    assert not kept & {"sea", "house sea", "cat dog car", "zebra", "cat 2", "C++ code"}
+    with pytest.raises(ValueError, match="42 requested"):
+        lexicon_pairs(tmp_path / "b", n_train=34, n_valid=4, n_test=4, vocabulary=vocab, source=src)
+    every = lexicon_pairs(tmp_path / "c", n_train=41, n_valid=4, n_test=4, source=src)  # no vocabulary: 49
+    assert "zebra" in {r["text"] for s in every for r in _rows(every[s])}
 
 
 def test_shakespeare_plays_balanced_and_deterministic(tmp_path):
