@@ -137,6 +137,39 @@ def test_packed_weights_follow_in_place_parameter_changes():
     assert torch.equal(lean, reference)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_packed_matrix_blocks_equal_nn_linear_for_any_row_count(threads):
+    from attnlab.decoding.fast import _Matrix
+
+    before = torch.get_num_threads()
+    g = torch.Generator().manual_seed(threads)
+    try:
+        torch.set_num_threads(threads)
+        for n_out in (12, 13):  # 13: not divisible by 2 or 3 -> one block
+            weight, bias = torch.randn(n_out, 8, generator=g), torch.randn(n_out, generator=g)
+            for b in (bias, None):
+                m = _Matrix(weight, b)
+                assert m.blocks == (threads if n_out % threads == 0 else 1)
+                for rows in (1, 3, 16):
+                    x = torch.randn(rows, 8, generator=g)
+                    torch.testing.assert_close(m(x), torch.nn.functional.linear(x, weight, b), rtol=1e-6, atol=1e-6)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_packed_weights_are_rebuilt_when_the_thread_count_changes():
+    model = tiny("decoder", "learned")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = packed(model)
+        torch.set_num_threads(2)
+        two = packed(model)
+        assert two is not one and two.layers[0].qkv.blocks == 2 and one.layers[0].qkv.blocks == 1
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("scheme, kw, reason", [
     ("relative", {}, "relative"),
     ("learned", {"attention": {"kernel": "eager"}}, "eager"),
