@@ -141,7 +141,7 @@ class _Matrix:
         if self.blocks == 1:
             return torch.mm(x, self.w) if self.b is None else torch.addmm(self.b, x, self.w)
         N = x.shape[0]
-        xs = x.unsqueeze(0).expand(self.blocks, N, x.shape[1])
+        xs = x.expand(self.blocks, N, x.shape[1])  # a new leading dim, no copy
         y = torch.bmm(xs, self.w) if self.b is None else torch.baddbmm(self.b, xs, self.w)  # (T, N, out / T)
         return y.view(1, -1) if N == 1 else y.transpose(0, 1).reshape(N, -1)
 
