@@ -23,7 +23,9 @@ from torch import Tensor, nn
 from attnlab.finetune.data import Example, encode_batch
 from attnlab.finetune.metrics import classification_report
 from attnlab.finetune.recipes import freeze, llrd_param_groups, reinit_top_layers
-from attnlab.training.optim import fused_ok, lr_factor
+from attnlab.training.config import PRECISIONS
+from attnlab.training.optim import adam_kernel, lr_factor
+from attnlab.training.steps import autocast
 
 
 @dataclass
@@ -70,8 +72,8 @@ class Recipe:
             raise ValueError(f"padding_side must be left or right, got {self.padding_side!r}")
         if self.label_position not in ("first", "last"):
             raise ValueError(f"label_position must be first or last, got {self.label_position!r}")
-        if self.precision not in ("fp32", "bf16"):
-            raise ValueError(f"precision must be fp32 or bf16, got {self.precision!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be {' or '.join(PRECISIONS)}, got {self.precision!r}")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Recipe":
@@ -80,11 +82,6 @@ class Recipe:
         if unknown:
             raise ValueError(f"unknown recipe option(s) {unknown}; known: {sorted(known)}")
         return cls(**data)
-
-
-def autocast(precision: str, device: torch.device):
-    """The forward-pass context of a precision: bf16 autocast, or nothing for fp32."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
 def model_inputs(model: nn.Module, batch: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -157,9 +154,9 @@ class Finetuner:
         if recipe.freeze_embeddings or recipe.freeze_layers:
             freeze(model, embeddings=recipe.freeze_embeddings, layers=recipe.freeze_layers)
         groups = llrd_param_groups(model, recipe.lr, recipe.layer_decay, recipe.weight_decay)
-        opt_groups = [{k: g[k] for k in ("params", "lr", "weight_decay")} for g in groups]
-        fast = {"fused": True} if fused_ok(p for g in opt_groups for p in g["params"]) else {"foreach": True}
-        self.optimizer = torch.optim.AdamW(opt_groups, lr=recipe.lr, betas=(0.9, 0.999), eps=1e-8, **fast)
+        self.optimizer = torch.optim.AdamW([{k: g[k] for k in ("params", "lr", "weight_decay")} for g in groups],
+                                           lr=recipe.lr, betas=(0.9, 0.999), eps=1e-8,
+                                           **adam_kernel(p for g in groups for p in g["params"]))
         warmup = int(recipe.warmup_ratio * recipe.max_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(  # each group's lr times the shared factor
             self.optimizer, lambda s: lr_factor(recipe.schedule, s, total_steps=recipe.max_steps,

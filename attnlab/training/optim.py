@@ -71,20 +71,19 @@ def build_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-3, bet
     if name not in ("adamw", "adam"):
         raise ValueError(f"optimizer name={name!r} is not one of adamw, adam")
     cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
-    # PyTorch's fused kernel (one pass over each parameter; about 7x the foreach step on a CPU
-    # core for a GPT-2-small-sized model) where every parameter allows it, else foreach
-    fast = {"fused": True} if fused_ok(p for g in groups for p in g["params"]) else {"foreach": True}
-    return cls(groups, lr=lr, betas=betas, eps=eps, **fast)
+    return cls(groups, lr=lr, betas=betas, eps=eps, **adam_kernel(p for g in groups for p in g["params"]))
 
 
-def fused_ok(params) -> bool:
-    """Whether torch's fused Adam(W) accepts these parameters: plain floating-point tensors on
-    one of the devices it supports."""
+def adam_kernel(params) -> dict[str, bool]:
+    """The Adam(W) keyword choosing its implementation: PyTorch's fused kernel (one pass over each
+    parameter; about 7x the foreach step on a CPU core for a GPT-2-small-sized model) when every
+    parameter allows it (plain floating-point tensors on a device it supports), else foreach."""
     from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
 
     devices = _get_fused_kernels_supported_devices()
-    return all(type(p) in (torch.Tensor, nn.Parameter) and p.is_floating_point() and p.device.type in devices
-               for p in params)
+    fused = all(type(p) in (torch.Tensor, nn.Parameter) and p.is_floating_point() and p.device.type in devices
+                for p in params)
+    return {"fused": True} if fused else {"foreach": True}
 
 
 def noam_factor(step: int, d_model: int, warmup_steps: int) -> float:

@@ -20,6 +20,10 @@ from attnlab.models.heads import LMHead, MLMHead
 from attnlab.training.losses import IGNORE, cross_entropy, linear_cross_entropy
 
 
+def autocast(precision: str, device: torch.device):
+    """The forward-pass context of a precision: bf16 autocast on `device`, or nothing for fp32."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
 def _head_loss(stack: nn.Module, hidden: Tensor, labels: Tensor, label_smoothing: float) -> Tensor:
     head = stack.head
     keep = labels != IGNORE

@@ -18,7 +18,6 @@ import os
 import platform
 import sys
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,7 +30,7 @@ from attnlab.training.config import TrainConfig
 from attnlab.training.optim import Schedule, build_optimizer
 from attnlab.training.pipeline import Pipeline
 from attnlab.training.plot import write_loss_curve
-from attnlab.training.steps import count_tokens, eval_sums, to_device
+from attnlab.training.steps import autocast, count_tokens, eval_sums, to_device
 from attnlab.utils import atomic_write_text
 
 from attnlab.parallel import init_from_env  # [parallel] torchrun hooks, see attnlab/parallel/training.py
@@ -171,9 +170,7 @@ class Trainer:
 
     # ---------------------------------------------------------------- evaluation
     def autocast(self):
-        if self.config.train.precision == "bf16":
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return nullcontext()
+        return autocast(self.config.train.precision, self.device)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
