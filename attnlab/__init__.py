@@ -4,20 +4,56 @@
     cfg = attnlab.presets.get("tiny-decoder")
     model = attnlab.build_model(cfg)
     logits = model(input_ids)            # (B, T, V)
+
+`import attnlab` loads the core only: configs, models, save/load and generate. Everything else
+(training, data, fine-tuning, tokenizers, interop, inspect, parallel) is imported on first use
+of its name, so `attnlab.Trainer` or `attnlab.data` cost nothing until touched.
 """
 
-from attnlab import data, finetune, inspect, parallel, presets, training
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from attnlab import presets
 from attnlab.config import AttentionConfig, ModelConfig, PositionConfig, RNNConfig
 from attnlab.decoding import GenerateOutput, generate
-from attnlab.interop import from_hf, to_hf
+from attnlab.io import load, save
 from attnlab.models import Decoder, Encoder, EncoderDecoder, RNNEncoderDecoder, build_model
-from attnlab.prompts import FewShotPrompt
-from attnlab.sentence import embed
-from attnlab.serialization import load, save
-from attnlab.tokenizers import Tokenizer
-from attnlab.training import TrainConfig, Trainer
 
 __version__ = "0.1.0"
+
+# name -> (module, attribute in it; None for the module itself), imported on first use
+_LAZY: dict[str, tuple[str, str | None]] = {
+    "data": ("attnlab.data", None),
+    "finetune": ("attnlab.finetune", None),
+    "inspect": ("attnlab.inspect", None),
+    "parallel": ("attnlab.parallel", None),
+    "training": ("attnlab.training", None),
+    "FewShotPrompt": ("attnlab.decoding.prompts", "FewShotPrompt"),
+    "Tokenizer": ("attnlab.tokenizers", "Tokenizer"),
+    "TrainConfig": ("attnlab.training", "TrainConfig"),
+    "Trainer": ("attnlab.training", "Trainer"),
+    "embed": ("attnlab.interop.sentence", "embed"),
+    "from_hf": ("attnlab.interop", "from_hf"),
+    "to_hf": ("attnlab.interop", "to_hf"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'attnlab' has no attribute {name!r}")
+    module, attribute = _LAZY[name]
+    value = importlib.import_module(module)
+    if attribute is not None:
+        value = getattr(value, attribute)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "AttentionConfig", "Decoder", "Encoder", "EncoderDecoder", "FewShotPrompt", "GenerateOutput", "ModelConfig",

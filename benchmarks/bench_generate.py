@@ -8,9 +8,10 @@ Cases (defaults):
   50,304), 32-token sources, 64 new tokens, batch 1 and 4.
 
 Timings are wall time (the `speedup`) and CPU time of this process (`cpu_speedup`, the steadier
-one on a shared machine); `loadavg` is recorded before and after. attnlab decodes through its
-lean step (attnlab.decoding.fast), whose packed weights are built on the first call (the
-warm-up; `pack_s` reports that one-off cost) and reused while the parameters are unchanged.
+one on a shared machine); `loadavg` is recorded before and after. attnlab decodes through the
+stack's `step` (the same modules as the forward, the decoding fast path), whose weights take
+their inference layout (attnlab.nn.linear) on the first call (the warm-up) and keep it while
+the parameters are unchanged.
 
 At batch 1 the report adds the fraction of the memory-bandwidth limit reached:
 (bytes of weights read per new token / seconds per token) / the bandwidth of a large tensor
@@ -33,10 +34,8 @@ import torch
 import transformers
 
 from attnlab.decoding import generate
-from attnlab.decoding.fast import packed, unsupported
-from attnlab.decoding.runner import lm_decoder
 from attnlab.interop import from_hf
-from attnlab.utils import loadavg
+from machine import loadavg
 
 
 def _sync(device: torch.device) -> None:
@@ -112,11 +111,6 @@ def run_case(name: str, hf: torch.nn.Module, batch: int, prompt_len: int, new: i
              device: torch.device, bandwidth: float, seq2seq: bool) -> dict:
     ours = from_hf(hf.cpu()).to(device).eval()
     hf.to(device)
-    _sync(device)
-    t = time.perf_counter()
-    packed(lm_decoder(ours))  # the one-off packing that the warm-up call would otherwise include
-    _sync(device)
-    pack_s = time.perf_counter() - t
     vocab = hf.config.vocab_size
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, vocab, (batch, prompt_len), generator=g).to(device)
@@ -150,8 +144,7 @@ def run_case(name: str, hf: torch.nn.Module, batch: int, prompt_len: int, new: i
         "hf_s": [round(t, 4) for t in times_hf],
         "cpu_speedup": round(statistics.median(cpu_hf) / statistics.median(cpu_ours), 3),
         "ours_cpu_s": [round(t, 4) for t in cpu_ours], "hf_cpu_s": [round(t, 4) for t in cpu_hf],
-        "same_ids": bool(a.shape == b.shape and torch.equal(a.cpu(), b.cpu())), "pack_s": round(pack_s, 4),
-        "lean_step": unsupported(lm_decoder(ours)) is None,
+        "same_ids": bool(a.shape == b.shape and torch.equal(a.cpu(), b.cpu())),
     }
     if batch == 1 and beams == 1:
         per_token = med_ours / new

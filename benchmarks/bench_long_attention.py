@@ -41,7 +41,7 @@ import subprocess
 import sys
 import time
 
-from attnlab.utils import loadavg
+from machine import loadavg
 
 KERNELS = ("sdpa", "naive", "sliding_window", "longformer", "bigbird", "bigbird_r2", "linformer")
 PEERS = ("sdpa", "naive")  # dense, 10-100x slower: timed in their own processes, never in turns
@@ -66,8 +66,10 @@ def _attention(kernel: str, T: int):
     import torch
     import torch.nn.functional as F
 
-    from attnlab.nn.linformer import LinformerKernel
-    from attnlab.nn.sparse import bigbird_attention, longformer_attention, sliding_window_attention
+    from attnlab.nn.kernels.bigbird import bigbird_attention
+    from attnlab.nn.kernels.linformer import LinformerKernel
+    from attnlab.nn.kernels.longformer import longformer_attention
+    from attnlab.nn.kernels.sliding_window import sliding_window_attention
 
     if kernel == "sdpa":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -134,7 +136,7 @@ def mean_keys(kernel: str, T: int) -> float | None:
     """The exact mean number of keys a query attends to under the kernel's causal pattern."""
     import torch
 
-    from attnlab.nn.sparse_patterns import bigbird_table
+    from attnlab.nn.kernels.bigbird import bigbird_table
 
     i = torch.arange(T, dtype=torch.float64)
     if kernel in ("sdpa", "naive"):
@@ -298,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:
-        from attnlab.utils import atomic_write_text
+        from attnlab.io.files import atomic_write_text
 
         atomic_write_text(args.out, text + "\n")
     return 0

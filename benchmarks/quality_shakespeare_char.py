@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.utils import loadavg
+from machine import loadavg
 
 EVAL_WINDOW = 65  # the baseline's context (64) + 1
 

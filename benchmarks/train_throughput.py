@@ -26,7 +26,7 @@ from contextlib import nullcontext
 
 import torch
 
-from attnlab.utils import loadavg
+from machine import loadavg
 
 
 def attnlab_model(vocab: int, T: int):

@@ -1,8 +1,15 @@
 import json
+import re
 
 import pytest
 
 from attnlab import AttentionConfig, ModelConfig, PositionConfig, presets
+from attnlab.models.build import HEADS
+from attnlab.nn.activations import ACTIVATIONS
+from attnlab.nn.kernels import KERNELS
+from attnlab.nn.norms import NORMS
+from attnlab.nn.positions import POSITION_SCHEMES
+from attnlab.nn.scores import SCORES
 
 
 @pytest.mark.parametrize("name", presets.names())
@@ -73,3 +80,17 @@ def test_unknown_preset():
 def test_position_config_checks_itself():
     with pytest.raises(ValueError, match="position.max_len"):
         PositionConfig(max_len=0)
+
+
+@pytest.mark.parametrize("kwargs, registry", [
+    (dict(attention={"kernel": "?"}), KERNELS),
+    (dict(attention={"score": "?"}), SCORES),
+    (dict(position={"scheme": "?"}), POSITION_SCHEMES),
+    (dict(activation="?"), ACTIVATIONS),
+    (dict(norm="?"), NORMS),
+    (dict(head="?"), HEADS),
+], ids=["kernel", "score", "position", "activation", "norm", "head"])
+def test_config_allows_exactly_the_registry_names(kwargs, registry):
+    with pytest.raises(ValueError, match="is not one of") as err:
+        ModelConfig.from_dict(kwargs)
+    assert re.search(r"is not one of (.*)$", str(err.value)).group(1).split(", ") == list(registry)

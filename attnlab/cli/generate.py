@@ -15,7 +15,7 @@ from attnlab.decoding import generate
 
 def load_checkpoint(path: str) -> tuple[torch.nn.Module, Any]:
     """(model, tokenizer) from a folder written by `attnlab.save`; an error without a tokenizer."""
-    from attnlab.serialization import load
+    from attnlab.io.serialization import load
 
     model, tokenizer = load(path, with_tokenizer=True)
     if tokenizer is None:

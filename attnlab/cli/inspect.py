@@ -9,6 +9,8 @@ import re
 
 import torch
 
+from attnlab.nn.kernels import KERNELS
+
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
@@ -24,9 +26,9 @@ def _tokens(tok, ids: list[int]) -> list[str]:
 
 def _attention(args: argparse.Namespace) -> int:
     from attnlab.inspect.attention_maps import attention_maps
-    from attnlab.plots import plot_alignment, plot_head_grid
-    from attnlab.interop.files import write_safetensors
-    from attnlab.serialization import load
+    from attnlab.inspect.plots import plot_alignment, plot_head_grid
+    from attnlab.io.weights import write_safetensors
+    from attnlab.io.serialization import load
 
     model, tok = load(args.checkpoint, with_tokenizer=True)
     if tok is None:
@@ -143,7 +145,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("config", help="a preset name or a config.json path")
     p.add_argument("--seq-len", type=_positive_int, required=True, help="tokens per sequence T")
     p.add_argument("--src-len", type=_positive_int, help="source length of an encoder-decoder (default T)")
-    p.add_argument("--kernel", choices=("auto", "eager", "sdpa"), help="count the T x T weights as memory with eager")
+    p.add_argument("--kernel", choices=tuple(KERNELS),
+                   help="count activation memory as this kernel holds it (default: the config's kernel)")
     p.add_argument("--bytes", type=_positive_int, default=4, help="bytes per activation element (default 4)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     p.set_defaults(func=_cost)

@@ -45,7 +45,7 @@ def predict_file(checkpoint: str, input_path: str, output_path: str, *, text_col
     from attnlab.finetune.data import LabelMap, read_examples
     from attnlab.finetune.job import LABELS_FILE, SETTINGS_FILE
     from attnlab.finetune.runner import predict
-    from attnlab.serialization import load
+    from attnlab.io.serialization import load
 
     folder, out = Path(checkpoint), Path(output_path)
     if out.suffix.lower() not in (".jsonl", ".csv"):
@@ -101,7 +101,7 @@ def _predict_words(model, tokenizer, settings: dict, labels, input_path: str, wo
 
 def _write_rows(rows: list[dict], out: Path, token_rows: bool = False) -> None:
     """JSONL or CSV (lists become space-separated strings, None `-`), written atomically."""
-    from attnlab.utils import atomic_write_text
+    from attnlab.io.files import atomic_write_text
 
     if out.suffix.lower() == ".jsonl":
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)

@@ -5,6 +5,14 @@ Dotted overrides follow the config file: `--model.num_layers 4`, `--optim.lr=3e-
 null, lists). The resolved config is printed and saved as OUT/config.json with the seed and
 versions; checkpoints go to OUT/checkpoints/, metrics to OUT/metrics.jsonl, the loss curve to
 OUT/loss.png. `--resume` continues from the latest checkpoint exactly.
+
+Start from pretrained weights with `model.init_from`: an `attnlab.save` folder, an `attnlab
+train` run folder or a Hugging Face folder (GPT-2, BERT, BART, Marian, T5) — continued pretraining
+on your text, or a GPT-2/BART/T5/Marian fine-tuned on your text or sentence pairs. The run then
+uses the folder's tokenizer (the data's tokenizer section is not trained);
+`model.add_special_tokens: ["[START]", "[DELIM]"]` adds tokens, growing the embeddings and the
+tied head (new rows: the mean of the old ones). Example: `--model.init_from hf/gpt2
+--data.source my.txt --data.valid my-valid.txt`.
 """
 
 from __future__ import annotations
@@ -74,8 +82,7 @@ def _main(args: argparse.Namespace) -> int:
     if os.environ.get("RANK", "0") != "0":
         sys.stdout = open(os.devnull, "w")  # [parallel] rank 0 prints
     overrides, flags = parse_overrides(rest)
-    cfg = resolve(args.config, overrides)
-    cfg.model_config()  # a bad model section is an error now, not after the data is prepared
+    cfg = resolve(args.config, overrides)  # the model section too is validated here, before the data is prepared
     print(json.dumps(cfg.to_dict(), indent=2), flush=True)
     if flags["print_config"]:
         return 0

@@ -12,9 +12,9 @@ import argparse
 import sys
 
 from attnlab.cli.generate import add_decoding_flags, decoding_kwargs, load_checkpoint, new_text, pad_batch, role_id
-from attnlab.data.progress import Progress
+from attnlab.io.progress import Progress
 from attnlab.decoding import generate
-from attnlab.utils import atomic_write_text
+from attnlab.io.files import atomic_write_text
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

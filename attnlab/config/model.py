@@ -2,8 +2,9 @@
 
 A `ModelConfig` describes any model attnlab builds. Variants are chosen by strings at a
 few named seams (attention score and kernel, position scheme, norm and its placement,
-activation); each string is checked against the registry of allowed names here, so a
-config that constructs is a config that builds.
+activation, head); each string is checked against the keys of the seam's registry (a dict in
+attnlab.nn from the name to the implementation), and what a kernel supports against the rest of
+the config, so a config that constructs is a config that builds.
 
     cfg = ModelConfig(arch="decoder", vocab_size=1000, d_model=128, num_heads=4)
     cfg = ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))   # round trip
@@ -14,51 +15,38 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
+
+from attnlab.config.load import from_dict, to_dict
+from attnlab.config.validate import (ConfigError, ConfigTypeError, check_types, choice, in_range, int_list,
+                                     non_negative, positive, probability, sub_config)
 
 ARCHS = ("decoder", "encoder", "encoder_decoder", "rnn_encoder_decoder")
 RNN_CELLS = ("rnn", "lstm", "gru", "conv")
 RNN_ATTENTIONS = ("none", "additive", "dot", "general")
-SCORES = ("scaled_dot", "dot", "cosine", "additive", "general")
-KERNELS = ("auto", "eager", "sdpa", "sliding_window", "longformer", "bigbird", "linformer")
-LONG_KERNELS = ("sliding_window", "longformer", "bigbird", "linformer")  # self-attention only, see attnlab.nn.sparse
-LINFORMER_SHARINGS = ("layer", "head")
-POSITION_SCHEMES = ("none", "sinusoidal", "learned", "binary", "relative", "rotary", "alibi", "t5_bias")
-ABSOLUTE_SCHEMES = ("sinusoidal", "learned", "binary")
-NORMS = ("layernorm", "rmsnorm")
 PLACEMENTS = ("post", "pre", "both")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "reglu", "geglu", "geglu_tanh", "swiglu")
 SINUSOIDAL_LAYOUTS = ("interleaved", "halves")
+# the builder's head registry (attnlab.models.build.HEADS) sits above this package; a test checks they agree
 HEADS = ("none", "lm", "mlm", "classification", "token_classification", "regression")
 POOLINGS = ("first", "last", "mean")
 
-
-def _choice(section: str, name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{section}{name}={value!r} is not one of {', '.join(allowed)}")
-
-
-def _positive(section: str, name: str, value: Any, *, allow_none: bool = False) -> None:
-    if value is None and allow_none:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{section}{name} must be a positive integer, got {value!r}")
+# The names allowed at the variant seams are the keys of their registries in attnlab.nn, imported
+# when a config is checked (not when this module is imported, so it stays plain data without torch).
+_REGISTRIES = {
+    "kernel": ("attnlab.nn.kernels", "KERNELS"),
+    "score": ("attnlab.nn.scores", "SCORES"),
+    "position": ("attnlab.nn.positions", "POSITION_SCHEMES"),
+    "activation": ("attnlab.nn.activations", "ACTIVATIONS"),
+    "norm": ("attnlab.nn.norms", "NORMS"),
+}
 
 
-def _probability(section: str, name: str, value: Any) -> None:
-    if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(f"{section}{name} must be a probability in [0, 1), got {value!r}")
+def _registry(seam: str) -> dict[str, Any]:
+    """The registry of a variant seam: `kernel`, `score`, `position`, `activation` or `norm`."""
+    import importlib
 
-
-def _sub_config(cls: type, name: str, value: Any) -> Any:
-    if isinstance(value, cls):
-        return value
-    if not isinstance(value, dict):
-        raise ValueError(f"{name} must be a {cls.__name__} or a dict, got {type(value).__name__}")
-    unknown = sorted(set(value) - {f.name for f in dataclasses.fields(cls)})
-    if unknown:
-        raise ValueError(f"unknown {name} field(s): {', '.join(unknown)}")
-    return cls(**value)
+    module, name = _REGISTRIES[seam]
+    return getattr(importlib.import_module(module), name)
 
 
 @dataclass
@@ -71,71 +59,98 @@ class AttentionConfig:
     kernel: `auto` uses PyTorch's fused scaled_dot_product_attention whenever the variant
         allows it and falls back to `eager`; `eager` always materialises the weights;
         `sdpa` insists on the fused kernel (an error for variants it cannot express).
+        Long-input kernels (self-attention; cross-attention keeps `auto`; attnlab.nn.kernels):
+        `sliding_window` (Beltagy et al. 2020), `longformer` (the window plus global tokens, same
+        paper), `bigbird` (window, global and random blocks, Zaheer et al. 2020), `linformer`
+        (keys and values projected along the sequence; encoders only, Wang et al. 2020).
+    kernel_options: the kernel's own options (its `Options` dataclass), as a mapping:
+        sliding_window: `window` (256) — query i sees keys j with |i - j| <= window
+            (decoders: 0 <= i - j <= window);
+        longformer: `window` (256), `global_positions` ([]), `global_token_id` (None) — global
+            tokens by position and/or by id (e.g. [CLS]) see and are seen by every position;
+        bigbird: `block_size` (64), `window_blocks` (1) per side, `global_blocks` (1),
+            `random_blocks` (3) per query block, drawn with seed `random_seed` (0) + layer index;
+        linformer: `k` (256) projected rows, `max_len` (4096) positions covered, `sharing`
+            (`layer`: one projection pair for a layer's heads, or `head`).
+        Configs written before the options were grouped (flat `attention.window`,
+        `attention.linformer_k`, ...) are read into kernel_options.
     num_kv_heads: key/value heads for grouped-query (1 = multi-query) attention; None = num_heads.
-
-    Long-input kernels (self-attention; cross-attention keeps `auto`; see attnlab.nn.sparse):
-    `sliding_window` — query i sees keys j with |i - j| <= window (decoders: 0 <= i - j <= window);
-    `longformer` — the window plus global tokens (`global_positions` and/or every token whose id
-        is `global_token_id`), which see and are seen by every position (Beltagy et al. 2020);
-    `bigbird` — blocks of `block_size`: `window_blocks` per side, the first `global_blocks`
-        blocks (global), `random_blocks` random blocks per query block, drawn with seed
-        `random_seed + layer index` (Zaheer et al. 2020);
-    `linformer` — keys and values projected along the sequence to `linformer_k` rows by learned
-        (linformer_k, linformer_max_len) matrices, shared by a layer's heads or per head
-        (`linformer_sharing`); encoders only (Wang et al. 2020).
     """
 
     score: str = "scaled_dot"
     kernel: str = "auto"
+    kernel_options: Any = field(default_factory=dict)  # becomes the kernel's Options on construction
     num_kv_heads: int | None = None
     bias: bool = True
     dropout: float = 0.0
     cosine_temperature: float = 0.1
     additive_dim: int | None = None  # hidden size of the additive scorer; None = head_dim
-    window: int = 256  # sliding_window, longformer: keys within this distance on each allowed side
-    global_positions: list[int] = field(default_factory=list)  # longformer: global tokens by position
-    global_token_id: int | None = None  # longformer: tokens with this id are global (e.g. [CLS])
-    block_size: int = 64  # bigbird
-    window_blocks: int = 1  # bigbird: neighbouring blocks on each allowed side
-    global_blocks: int = 1  # bigbird: the first blocks, global both ways
-    random_blocks: int = 3  # bigbird: random blocks per query block
-    random_seed: int = 0  # bigbird: layer l draws its random blocks with random_seed + l
-    linformer_k: int = 256
-    linformer_max_len: int = 4096
-    linformer_sharing: str = "layer"
 
     def __post_init__(self) -> None:
         s = "attention."
-        self._check_long_kernels(s)
-        _choice(s, "score", self.score, SCORES)
-        _choice(s, "kernel", self.kernel, KERNELS)
-        _positive(s, "num_kv_heads", self.num_kv_heads, allow_none=True)
-        _positive(s, "additive_dim", self.additive_dim, allow_none=True)
-        _probability(s, "dropout", self.dropout)
-        if not self.cosine_temperature > 0:
-            raise ValueError(f"attention.cosine_temperature must be > 0, got {self.cosine_temperature!r}")
-        if self.kernel == "sdpa" and self.score == "additive":
-            raise ValueError("attention.kernel='sdpa' cannot compute score='additive'; use kernel='auto' or 'eager'")
+        check_types(self, "attention")
+        choice(s + "score", self.score, _registry("score"))
+        choice(s + "kernel", self.kernel, _registry("kernel"))
+        kernel = _registry("kernel")[self.kernel]
+        self.kernel_options = _kernel_options(kernel, self.kernel_options, s + "kernel_options")
+        positive(s + "num_kv_heads", self.num_kv_heads, integer=True, optional=True)
+        positive(s + "additive_dim", self.additive_dim, integer=True, optional=True)
+        probability(s + "dropout", self.dropout)
+        positive(s + "cosine_temperature", self.cosine_temperature)
+        if not kernel.supports.any_score and not _registry("score")[self.score].fused:
+            raise ConfigError(s + "kernel", f"{self.kernel!r} needs a dot-product-shaped score; "
+                              f"score={self.score!r} works with kernel='auto' or 'eager'")
 
-    def _check_long_kernels(self, s: str) -> None:
-        for name in ("window", "window_blocks", "global_blocks", "random_blocks", "random_seed"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ValueError(f"{s}{name} must be an integer >= 0, got {value!r}")
-        for name in ("block_size", "linformer_k", "linformer_max_len"):
-            _positive(s, name, getattr(self, name))
-        _choice(s, "linformer_sharing", self.linformer_sharing, LINFORMER_SHARINGS)
-        if isinstance(self.global_positions, tuple):
-            self.global_positions = list(self.global_positions)
-        if not isinstance(self.global_positions, list) or not all(
-                isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in self.global_positions):
-            raise ValueError(f"{s}global_positions must be a list of integers >= 0, got {self.global_positions!r}")
-        if self.global_token_id is not None and (not isinstance(self.global_token_id, int)
-                                                 or isinstance(self.global_token_id, bool) or self.global_token_id < 0):
-            raise ValueError(f"{s}global_token_id must be None or an integer >= 0, got {self.global_token_id!r}")
-        if self.kernel in LONG_KERNELS and self.score == "additive":
-            raise ValueError(f"{s}kernel={self.kernel!r} needs a dot-product-shaped score; "
-                             "score='additive' works with kernel='auto' or 'eager'")
+    @classmethod
+    def expand_dict(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """Read the flat kernel fields of older configs (`window`, `linformer_k`, ...) into
+        `kernel_options`: the chosen kernel's are moved there (its `Options.legacy` names them;
+        options given in `kernel_options` win), the other kernels' are dropped, as those configs
+        ignored them."""
+        legacy = {name for k in _registry("kernel").values() for name in k.Options.legacy}
+        flat = [key for key in data if key in legacy and key not in _ATTENTION_FIELDS]
+        if not flat:
+            return data
+        data = dict(data)
+        kernel = _registry("kernel").get(data.get("kernel", "auto"))
+        own = kernel.Options.legacy if kernel is not None else {}
+        given = data.get("kernel_options") or {}
+        moved = {own[key]: data[key] for key in flat if key in own}
+        if isinstance(given, dict):
+            data["kernel_options"] = {**moved, **given}
+        for key in flat:
+            del data[key]
+        return data
+
+
+_ATTENTION_FIELDS = {f.name for f in dataclasses.fields(AttentionConfig)}
+
+
+def _kernel_options(kernel: type, value: Any, path: str) -> Any:
+    """The kernel's `Options` from a mapping (or an `Options`), each field checked against its
+    annotation and its `metadata` (`min`: the smallest value, of every item of a list;
+    `choices`: the allowed values).
+
+    Raises:
+        ConfigError: an unknown option or a value out of range, naming `path`.option.
+        ConfigTypeError: not a mapping, or an option of the wrong type.
+    """
+    options_cls = kernel.Options
+    if isinstance(value, options_cls):
+        value = to_dict(value)
+    if not isinstance(value, dict):
+        raise ConfigTypeError(path, f"expected a mapping of the options of kernel {kernel.name!r}, got {value!r}")
+    options = sub_config(options_cls, path, value)
+    check_types(options, path)
+    for f in dataclasses.fields(options):
+        v, meta, where = getattr(options, f.name), f.metadata, f"{path}.{f.name}"
+        if "min" in meta and isinstance(v, list):
+            int_list(where, v, low=meta["min"])
+        elif "min" in meta:
+            in_range(where, v, meta["min"], integer=isinstance(v, int), optional=True)
+        if "choices" in meta:
+            choice(where, v, meta["choices"])
+    return options
 
 
 @dataclass
@@ -169,19 +184,16 @@ class PositionConfig:
 
     def __post_init__(self) -> None:
         s = "position."
-        _choice(s, "scheme", self.scheme, POSITION_SCHEMES)
-        _choice(s, "sinusoidal_layout", self.sinusoidal_layout, SINUSOIDAL_LAYOUTS)
-        if type(self.learned_offset) is not int or self.learned_offset < 0:
-            raise ValueError(f"position.learned_offset must be an integer >= 0, got {self.learned_offset!r}")
-        _positive(s, "max_len", self.max_len)
-        _positive(s, "relative_max_distance", self.relative_max_distance)
-        _positive(s, "rotary_dim", self.rotary_dim, allow_none=True)
-        _positive(s, "t5_num_buckets", self.t5_num_buckets)
-        _positive(s, "t5_max_distance", self.t5_max_distance)
+        check_types(self, "position")
+        choice(s + "scheme", self.scheme, _registry("position"))
+        choice(s + "sinusoidal_layout", self.sinusoidal_layout, SINUSOIDAL_LAYOUTS)
+        non_negative(s + "learned_offset", self.learned_offset, integer=True)
+        for name in ("max_len", "relative_max_distance", "t5_num_buckets", "t5_max_distance"):
+            positive(s + name, getattr(self, name), integer=True)
+        positive(s + "rotary_dim", self.rotary_dim, integer=True, optional=True)
         if self.rotary_dim is not None and self.rotary_dim % 2:
-            raise ValueError(f"position.rotary_dim must be even, got {self.rotary_dim}")
-        if not self.rotary_base > 0:
-            raise ValueError(f"position.rotary_base must be > 0, got {self.rotary_base!r}")
+            raise ConfigError(s + "rotary_dim", f"expected an even number (features rotate in pairs), got {self.rotary_dim}")
+        positive(s + "rotary_base", self.rotary_base)
 
 
 @dataclass
@@ -203,18 +215,17 @@ class RNNConfig:
 
     def __post_init__(self) -> None:
         s = "rnn."
-        _choice(s, "cell", self.cell, RNN_CELLS)
-        _choice(s, "attention", self.attention, RNN_ATTENTIONS)
-        _positive(s, "hidden_size", self.hidden_size)
-        _positive(s, "num_layers", self.num_layers)
-        _positive(s, "attention_hidden", self.attention_hidden, allow_none=True)
-        _positive(s, "conv_window", self.conv_window)
+        check_types(self, "rnn")
+        choice(s + "cell", self.cell, RNN_CELLS)
+        choice(s + "attention", self.attention, RNN_ATTENTIONS)
+        for name in ("hidden_size", "num_layers", "conv_window"):
+            positive(s + name, getattr(self, name), integer=True)
+        positive(s + "attention_hidden", self.attention_hidden, integer=True, optional=True)
         if self.conv_window % 2 == 0:
-            raise ValueError(f"rnn.conv_window must be odd, got {self.conv_window}")
-        if not isinstance(self.bidirectional, bool):
-            raise ValueError(f"rnn.bidirectional must be true or false, got {self.bidirectional!r}")
+            raise ConfigError(s + "conv_window", f"expected an odd number (a window centred on its word), "
+                              f"got {self.conv_window}")
         if self.bidirectional and self.cell == "conv":
-            raise ValueError("rnn.bidirectional=True needs a recurrent cell (rnn, lstm, gru), not conv")
+            raise ConfigError(s + "bidirectional", "true needs a recurrent cell (rnn, lstm, gru), not conv")
 
 
 @dataclass
@@ -267,58 +278,52 @@ class ModelConfig:
     pad_token_id: int | None = 0
     init_std: float = 0.02
 
+    SECTION: ClassVar[str] = ""  # its errors name fields from the root (`attention.kernel`), moved under
+    # `model.` when it is TrainConfig's model section (see attnlab.config.validate.sub_config)
+
     def __post_init__(self) -> None:
-        self.attention = _sub_config(AttentionConfig, "attention", self.attention)
-        self.position = _sub_config(PositionConfig, "position", self.position)
-        self.rnn = _sub_config(RNNConfig, "rnn", self.rnn)
-        _choice("", "arch", self.arch, ARCHS)
+        check_types(self)
+        choice("arch", self.arch, ARCHS)
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "num_labels"):
-            _positive("", name, getattr(self, name))
+            positive(name, getattr(self, name), integer=True)
         for name in ("num_decoder_layers", "head_dim", "src_vocab_size"):
-            _positive("", name, getattr(self, name), allow_none=True)
-        _choice("", "activation", self.activation, ACTIVATIONS)
-        _choice("", "norm", self.norm, NORMS)
-        _choice("", "norm_placement", self.norm_placement, PLACEMENTS)
+            positive(name, getattr(self, name), integer=True, optional=True)
+        choice("activation", self.activation, _registry("activation"))
+        choice("norm", self.norm, _registry("norm"))
+        choice("norm_placement", self.norm_placement, PLACEMENTS)
         if self.classifier_pooling is None:
             self.classifier_pooling = "last" if self.arch == "decoder" else "first"
-        _choice("", "classifier_pooling", self.classifier_pooling, POOLINGS)
-        _probability("", "dropout", self.dropout)
-        if not self.norm_eps > 0:
-            raise ValueError(f"norm_eps must be > 0, got {self.norm_eps!r}")
-        if isinstance(self.lm_head_scale, bool) or not isinstance(self.lm_head_scale, (int, float)) \
-                or not self.lm_head_scale > 0:
-            raise ValueError(f"lm_head_scale must be a number > 0, got {self.lm_head_scale!r}")
-        if not self.init_std > 0:
-            raise ValueError(f"init_std must be > 0, got {self.init_std!r}")
-        if type(self.type_vocab_size) is not int or self.type_vocab_size < 0:
-            raise ValueError(f"type_vocab_size must be an integer >= 0, got {self.type_vocab_size!r}")
+        choice("classifier_pooling", self.classifier_pooling, POOLINGS)
+        probability("dropout", self.dropout)
+        for name in ("norm_eps", "lm_head_scale", "init_std"):
+            positive(name, getattr(self, name))
+        non_negative("type_vocab_size", self.type_vocab_size, integer=True)
         if self.head_dim is None and self.d_model % self.num_heads:
-            raise ValueError(
-                f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
-                "change one of them or set head_dim explicitly"
-            )
+            raise ConfigError("num_heads", f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
+                              "change one of them or set head_dim explicitly")
         kv = self.attention.num_kv_heads
         if kv is not None and self.num_heads % kv:
-            raise ValueError(f"attention.num_kv_heads={kv} must divide num_heads={self.num_heads}")
+            raise ConfigError("attention.num_kv_heads", f"{kv} must divide num_heads={self.num_heads}")
         if self.head is None:
             self.head = "none" if self.arch == "encoder" else "lm"
-        _choice("", "head", self.head, HEADS)
+        choice("head", self.head, HEADS)
         if self.head == "mlm" and self.arch != "encoder":
-            raise ValueError(f"head='mlm' needs arch='encoder', got arch={self.arch!r}")
+            raise ConfigError("head", f"'mlm' needs arch='encoder', got arch={self.arch!r}")
         if self.head in ("classification", "token_classification", "regression") and self.arch == "encoder_decoder":
-            raise ValueError(f"head={self.head!r} is for arch='encoder' or 'decoder'")
+            raise ConfigError("head", f"{self.head!r} is for arch='encoder' or 'decoder', got arch={self.arch!r}")
         if self.head == "lm" and self.arch == "encoder":
-            raise ValueError("head='lm' is for decoders; an encoder takes head='mlm', 'classification' or 'none'")
+            raise ConfigError("head", "'lm' is for decoders; an encoder takes head='mlm', 'classification' or 'none'")
         if self.nsp_head and self.head != "mlm":
-            raise ValueError(f"nsp_head=True sits beside the MLM head: it needs arch='encoder' and head='mlm', "
-                             f"got arch={self.arch!r}, head={self.head!r}")
+            raise ConfigError("nsp_head", f"true sits beside the MLM head: it needs arch='encoder' and head='mlm', "
+                              f"got arch={self.arch!r}, head={self.head!r}")
         if self.pooler and self.arch != "encoder":
-            raise ValueError(f"pooler=True needs arch='encoder', got arch={self.arch!r}")
+            raise ConfigError("pooler", f"true needs arch='encoder', got arch={self.arch!r}")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
-            raise ValueError(f"pad_token_id={self.pad_token_id} is outside the vocabulary [0, {self.vocab_size})")
+            raise ConfigError("pad_token_id", f"{self.pad_token_id} is outside the vocabulary [0, {self.vocab_size})")
         if self.final_norm is None:
             self.final_norm = self.norm_placement != "post"
         self._check_positions()
+        self._check_kernel()
         self._check_rnn()
 
     def _check_rnn(self) -> None:
@@ -326,40 +331,44 @@ class ModelConfig:
             return
         rnn = self.rnn
         if self.head != "lm":
-            raise ValueError(f"arch='rnn_encoder_decoder' takes head='lm', got head={self.head!r}")
+            raise ConfigError("head", f"arch='rnn_encoder_decoder' takes head='lm', got head={self.head!r}")
         memory = self.d_model if rnn.cell == "conv" else rnn.hidden_size * (2 if rnn.bidirectional else 1)
         if rnn.attention == "dot" and memory != rnn.hidden_size:
-            raise ValueError(f"rnn.attention='dot' needs encoder states as wide as the decoder's "
-                             f"(rnn.hidden_size={rnn.hidden_size}), got {memory}; use 'general' or change "
-                             "rnn.bidirectional / d_model")
+            raise ConfigError("rnn.attention", f"'dot' needs encoder states as wide as the decoder's "
+                              f"(rnn.hidden_size={rnn.hidden_size}), got {memory}; use 'general' or change "
+                              "rnn.bidirectional / d_model")
 
     def _check_positions(self) -> None:
         pos = self.position
         if pos.scheme == "rotary":
             rotary_dim = pos.rotary_dim or self.resolved_head_dim
             if rotary_dim > self.resolved_head_dim or rotary_dim % 2:
-                raise ValueError(
-                    f"position.rotary_dim={rotary_dim} must be even and <= head_dim={self.resolved_head_dim}"
-                )
-        if self.attention.kernel in LONG_KERNELS and pos.scheme == "relative" and pos.relative_values:
-            raise ValueError(f"attention.kernel={self.attention.kernel!r} cannot add Shaw relative embeddings to the "
-                             "values; set position.relative_values=False or pick another position scheme")
-        if self.attention.kernel == "linformer":
-            if self.arch != "encoder":
-                raise ValueError(f"attention.kernel='linformer' is bidirectional only: it needs arch='encoder', "
-                                 f"got arch={self.arch!r}")
-            if pos.scheme in ("relative", "alibi", "t5_bias"):
-                raise ValueError(f"attention.kernel='linformer' cannot use position.scheme={pos.scheme!r} (a bias "
-                                 "per key pair has no meaning over projected keys); use none, sinusoidal, learned, "
-                                 "binary or rotary")
-        if self.attention.global_token_id is not None and self.attention.global_token_id >= self.vocab_size:
-            raise ValueError(f"attention.global_token_id={self.attention.global_token_id} is outside the vocabulary "
-                             f"[0, {self.vocab_size})")
-        if self.attention.kernel == "sdpa" and pos.scheme == "relative" and pos.relative_values:
-            raise ValueError(
-                "attention.kernel='sdpa' cannot add Shaw relative embeddings to the values; "
-                "set position.relative_values=False or attention.kernel='auto'"
-            )
+                raise ConfigError("position.rotary_dim", f"{rotary_dim} must be even and <= head_dim="
+                                  f"{self.resolved_head_dim}")
+
+    def _check_kernel(self) -> None:
+        """What the attention kernel supports (attnlab.nn.kernels.Supports) against the arch, the
+        position scheme and the vocabulary; never the kernel's name."""
+        att, pos = self.attention, self.position
+        supports = _registry("kernel")[att.kernel].supports
+        schemes = _registry("position")
+        scheme = schemes[pos.scheme]
+        if scheme.value_term(pos) and not supports.value_term:
+            raise ConfigError("attention.kernel", f"{att.kernel!r} cannot add position.scheme={pos.scheme!r}'s term "
+                              f"on the values (Shaw et al.); set position.{scheme.value_option}=False or "
+                              "attention.kernel='auto'")
+        if not supports.causal and self.arch != "encoder":
+            raise ConfigError("attention.kernel", f"{att.kernel!r} is bidirectional only: it needs arch='encoder', "
+                              f"got arch={self.arch!r}")
+        if scheme.score_bias and not supports.score_bias:
+            plain = ", ".join(name for name, other in schemes.items() if not other.score_bias)
+            raise ConfigError("attention.kernel", f"{att.kernel!r} cannot use position.scheme={pos.scheme!r} (it "
+                              f"adds a bias per (query, key) pair, which this kernel has no place for); use {plain}")
+        for f in dataclasses.fields(att.kernel_options):
+            token = getattr(att.kernel_options, f.name)
+            if f.metadata.get("token_id") and token is not None and token >= self.vocab_size:
+                raise ConfigError(f"attention.kernel_options.{f.name}", f"{token} is outside the vocabulary "
+                                  f"[0, {self.vocab_size})")
 
     # ---- derived values -------------------------------------------------------------------
     @property
@@ -380,20 +389,17 @@ class ModelConfig:
 
     # ---- plain data ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return to_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown ModelConfig field(s): {', '.join(unknown)}")
-        return cls(**data)
+        """Raises ConfigError (a ValueError) naming the dotted field: unknown, wrong type or out of range."""
+        return from_dict(cls, data)
 
     def to_json(self, path: str | None = None) -> str:
         text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
         if path is not None:
-            from attnlab.utils import atomic_write_text
+            from attnlab.io.files import atomic_write_text
 
             atomic_write_text(path, text + "\n")
         return text
@@ -408,4 +414,4 @@ class ModelConfig:
 
     def replace(self, **changes: Any) -> "ModelConfig":
         """A copy with some fields changed (validated again)."""
-        return ModelConfig.from_dict({**self.to_dict(), **changes})
+        return type(self).from_dict({**self.to_dict(), **changes})

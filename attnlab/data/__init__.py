@@ -6,7 +6,7 @@ and pretraining objectives.
 """
 
 from attnlab.data import corpora, objectives
-from attnlab.data.cache import cache_dir
+from attnlab.io.cache import cache_dir
 from attnlab.data.sources import read_documents, read_pairs, read_pieces, resolve_source
 from attnlab.data.tokenized import TokenFile
 

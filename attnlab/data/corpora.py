@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from attnlab.data.cache import atomic_folder, cache_dir, run_tool, verify_sha256
-from attnlab.utils import atomic_write_text
+from attnlab.io.cache import cache_dir, verify_sha256
+from attnlab.io.downloads import run_tool
+from attnlab.io.files import atomic_folder, atomic_write_text
 
 DOC_SEPARATOR = "\n\f\n"  # between documents in train.txt / valid.txt
 

@@ -20,8 +20,8 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
-from attnlab.data.progress import Progress
-from attnlab.utils import atomic_write_text
+from attnlab.io.progress import Progress
+from attnlab.io.files import atomic_file, atomic_write_text
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -126,11 +126,10 @@ class TokenFile:
         prefix.parent.mkdir(parents=True, exist_ok=True)
         dtype = token_dtype(vocab_size)
         limit = np.iinfo(dtype).max
-        tmp_bin = prefix.with_name(f".tmp-{prefix.name}.bin")
-        tmp_idx = prefix.with_name(f".tmp-{prefix.name}.idx")
         offsets, count = [0], 0
         bar = Progress(total_chars, unit="char", desc=f"tokenise {prefix.name}", enabled=show_progress)
-        try:
+        # both files are renamed into place only when complete, the .bin first
+        with atomic_file(prefix.with_suffix(".idx")) as tmp_idx, atomic_file(prefix.with_suffix(".bin")) as tmp_bin:
             with open(tmp_bin, "wb") as out:
                 for item in pieces:
                     text, ends = (item, True) if isinstance(item, str) else item
@@ -147,12 +146,6 @@ class TokenFile:
             if offsets[-1] != count:  # a stream that ended inside a document
                 offsets.append(count)
             np.asarray(offsets, dtype=np.int64).tofile(tmp_idx)
-            os.replace(tmp_bin, prefix.with_suffix(".bin"))
-            os.replace(tmp_idx, prefix.with_suffix(".idx"))
-        finally:
-            for tmp in (tmp_bin, tmp_idx):
-                if tmp.exists():
-                    tmp.unlink()
         bar.close()
         meta = {"dtype": dtype.name, "num_tokens": count, "num_documents": len(offsets) - 1,
                 "vocab_size": vocab_size, "eos_id": eos_id, "source": source}

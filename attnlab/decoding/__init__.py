@@ -6,8 +6,8 @@
 
 Modules: `generate.py` (the entry point and its checks), `search.py` (greedy and sampling
 loop), `beam.py` (beam search), `processors.py` (repetition penalty, n-gram ban, top-k,
-top-p), `runner.py` (cached and full-forward next-token logits), `fast.py` + `lean.py` (the
-lean cached step with packed weights, taken whenever it covers the model).
+top-p), `runner.py` (the runner protocol: cached next-token logits through the stack's `step`,
+the full-forward reference, the recurrent state).
 """
 
 from attnlab.decoding.beam import beam_search

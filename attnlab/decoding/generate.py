@@ -19,6 +19,7 @@ from torch import Tensor, nn
 
 from attnlab.decoding.beam import beam_search
 from attnlab.decoding.runner import is_seq2seq, lm_decoder, make_runner
+from attnlab.nn.linear import fixed_layouts
 from attnlab.decoding.search import DecodeOptions, greedy_or_sample
 
 _TABLE_SCHEMES = ("learned", "binary")  # position schemes with a fixed number of positions
@@ -218,10 +219,11 @@ def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, attent
     runner = make_runner(model, use_cache=use_cache, max_len=P + max_new_tokens, src=src, src_mask=src_mask)
     if n_rows > 1 and seq2seq:  # the source was encoded once per item: repeat its memory
         runner.expand(torch.arange(B, device=device).repeat_interleave(n_rows))
-    if num_beams > 1:
-        out, scores = beam_search(runner, ids, valid, P, max_new_tokens, opt, num_beams=num_beams,
-                                  length_penalty=float(length_penalty), early_stopping=bool(early_stopping),
-                                  num_return_sequences=num_return_sequences, padded=padded)
-    else:
-        out, scores = greedy_or_sample(runner, ids, valid, P, max_new_tokens, opt, padded=padded)
+    with fixed_layouts(model):  # the weights stay as they are until the loop ends: check their layouts once
+        if num_beams > 1:
+            out, scores = beam_search(runner, ids, valid, P, max_new_tokens, opt, num_beams=num_beams,
+                                      length_penalty=float(length_penalty), early_stopping=bool(early_stopping),
+                                      num_return_sequences=num_return_sequences, padded=padded)
+        else:
+            out, scores = greedy_or_sample(runner, ids, valid, P, max_new_tokens, opt, padded=padded)
     return GenerateOutput(out, scores) if return_scores else out

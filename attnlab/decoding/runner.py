@@ -6,11 +6,13 @@ L = tokens so far, V vocabulary, D d_model.
     runner = make_runner(model, use_cache=True, max_len=P + max_new_tokens)
     logits = runner.start(prompt, mask)       # (N, V): next-token logits after the prompt
     logits = runner.step(ids[:, :L], mask)    # (N, V): after ids[:, L - 1] was appended
-    runner.reorder(index)                     # beam search: keep rows `index`
+    runner.expand(index)                      # repeat rows (beams, samples)
+    runner.reorder(index)                     # beam search: permute rows within items
 
-The cached runner feeds only the new token and keeps keys/values in a `KVCache`; the full
-runner re-runs the whole sequence every step (the reference path). Both send only the last
-position through the LM head: at inference nothing else is needed. A recurrent
+The cached runner (`CachedRunner`) feeds only the new token through the stack's `step` and
+keeps keys/values in a `KVCache`; the full runner (`FullRunner`) re-runs the whole sequence
+every step (the reference path). Both send only the last position through the LM head: at
+inference nothing else is needed. A recurrent
 encoder-decoder (`RecurrentRunner`) keeps its decoder's hidden state instead of keys/values:
 O(1) memory per row, however long the output.
 """
@@ -24,6 +26,7 @@ from attnlab.models.heads import LMHead
 from attnlab.models.rnn import RNNDecoderState, RNNEncoderDecoder
 from attnlab.models.transformer import Decoder, EncoderDecoder
 from attnlab.nn.kv_cache import KVCache
+from attnlab.nn.masks import padding_mask
 
 
 def is_seq2seq(model: nn.Module) -> bool:
@@ -43,59 +46,95 @@ def lm_decoder(model: nn.Module) -> nn.Module:
 
 
 class Runner:
-    """Next-token logits of a decoder-only model (GPT)."""
-
-    def __init__(self, model: nn.Module, use_cache: bool, max_len: int):
-        self.decoder = lm_decoder(model)
-        self.cache = KVCache(max_len) if use_cache else None
-
-    def _logits(self, ids: Tensor, mask: Tensor | None) -> Tensor:
-        hidden = self.decoder.features(ids, mask, cache=self.cache)  # (N, T, D)
-        return self.decoder.head(hidden[:, -1])  # (N, V): only the last position
+    """The protocol of a decoding loop's model: next-token logits (N, V) after a prompt, then
+    after each appended token; rows repeated (`expand`) or permuted within items (`reorder`)."""
 
     def start(self, prompt: Tensor, mask: Tensor | None) -> Tensor:
         """Run the prompt (N, P) with its padding mask (or None); logits after it (N, V)."""
-        return self._logits(prompt, mask)
+        raise NotImplementedError
 
     def step(self, ids: Tensor, mask: Tensor | None) -> Tensor:
         """ids (N, L) so far (the last one new), mask (N, L) or None -> logits (N, V)."""
-        if self.cache is None:
-            return self._logits(ids, mask)
-        return self._logits(ids[:, -1:], mask)
+        raise NotImplementedError
 
     def expand(self, index: Tensor) -> None:
-        """Repeat or reorder cached rows (N,) -> rows `index`."""
-        if self.cache is not None:
-            self.cache.reorder(index)
+        """Repeat rows (beams, samples) -> rows `index` (N',)."""
+        raise NotImplementedError
 
-    reorder = expand
+    def reorder(self, index: Tensor) -> None:
+        """Beam reorder within items (the row count stays): rows `index` (N,)."""
+        raise NotImplementedError
 
 
-class EncoderDecoderRunner(Runner):
-    """Next-token logits of an encoder-decoder: the source is encoded once; `start` takes the
-    target start tokens (N, 1) and the decoder attends to the memory at every step."""
+class FullRunner(Runner):
+    """The reference: the full forward over the whole sequence at every step (use_cache=False)."""
 
-    def __init__(self, model: EncoderDecoder, use_cache: bool, max_len: int, src: Tensor, src_mask: Tensor | None):
-        super().__init__(model, use_cache, max_len)
-        self.memory = model.encode(src, src_mask)  # (N, S, D)
+    def __init__(self, model: nn.Module, src: Tensor | None = None, src_mask: Tensor | None = None):
+        self.decoder = lm_decoder(model)
+        self.memory = model.encode(src, src_mask) if isinstance(model, EncoderDecoder) else None  # (N, S, D)
         self.src_mask = src_mask
 
     def _logits(self, ids: Tensor, mask: Tensor | None) -> Tensor:
-        hidden = self.decoder.features(ids, None, memory=self.memory, memory_mask=self.src_mask, cache=self.cache)
-        return self.decoder.head(hidden[:, -1])
+        if self.memory is None:
+            hidden = self.decoder.features(ids, mask)  # (N, L, D)
+        else:
+            hidden = self.decoder.features(ids, None, memory=self.memory, memory_mask=self.src_mask)
+        return self.decoder.head(hidden[:, -1])  # (N, V): only the last position
+
+    start = step = _logits
 
     def expand(self, index: Tensor) -> None:
-        """Repeat rows (beams, samples): the memory and the cache's cross keys follow."""
-        super().expand(index)
-        self.memory = self.memory.index_select(0, index)
-        if self.src_mask is not None:
-            self.src_mask = self.src_mask.index_select(0, index)
+        if self.memory is not None:
+            self.memory = self.memory.index_select(0, index)
+            if self.src_mask is not None:
+                self.src_mask = self.src_mask.index_select(0, index)
 
     def reorder(self, index: Tensor) -> None:
-        """Beam reorder within each item: only the self-attention keys/values move; the cross
-        keys/values (and the memory) are the same for every beam of an item, so they stay."""
-        if self.cache is not None:
-            self.cache.reorder_self(index)
+        """Nothing to move: every step re-reads the whole sequence (and beams share their source)."""
+
+
+class CachedRunner(Runner):
+    """A Transformer decoder (or encoder-decoder: pass the source and its mask) with a KV cache.
+
+    `start` runs the prompt through `features`, filling the cache; each `step` feeds only the
+    new token through `TransformerStack.step` (the same modules, the decoding fast path) and
+    the head's `step`. The source is encoded once; its cross-attention keys/values are
+    projected at `start` and kept.
+    """
+
+    def __init__(self, model: nn.Module, max_len: int, src: Tensor | None = None, src_mask: Tensor | None = None):
+        self.decoder = lm_decoder(model)
+        self.cache = KVCache(max_len)
+        self.memory = model.encode(src, src_mask) if isinstance(model, EncoderDecoder) else None  # (N, S, D)
+        self.src_mask = src_mask
+        self.cross = padding_mask(src_mask) if src_mask is not None else None  # (N, 1, 1, S)
+
+    def start(self, prompt: Tensor, mask: Tensor | None) -> Tensor:
+        if self.memory is None:
+            hidden = self.decoder.features(prompt, mask, cache=self.cache)  # (N, P, D)
+        else:  # the target side has no padding
+            hidden = self.decoder.features(prompt, None, memory=self.memory, memory_mask=self.src_mask,
+                                           cache=self.cache)
+        return self.decoder.head.step(hidden[:, -1])
+
+    def step(self, ids: Tensor, mask: Tensor | None) -> Tensor:
+        hidden = self.decoder.step(ids[:, -1], self.cache, attention_mask=mask, memory=self.memory,
+                                   memory_mask=self.cross)  # (N, D)
+        return self.decoder.head.step(hidden)
+
+    def expand(self, index: Tensor) -> None:
+        """Repeat rows: the cache (cross keys/values too), the memory and the source mask follow."""
+        self.cache.reorder(index)
+        if self.memory is not None:
+            self.memory = self.memory.index_select(0, index)
+            if self.src_mask is not None:
+                self.src_mask = self.src_mask.index_select(0, index)
+                self.cross = padding_mask(self.src_mask)
+
+    def reorder(self, index: Tensor) -> None:
+        """Only the self-attention keys/values (and positions) move, gathered into spare buffers;
+        the cross keys/values and the memory are the same for every beam of an item, so they stay."""
+        self.cache.reorder_self(index)
 
 
 class RecurrentRunner(Runner):
@@ -113,6 +152,9 @@ class RecurrentRunner(Runner):
     def _logits(self, ids: Tensor, mask: Tensor | None = None) -> Tensor:
         hidden = self.model.features(ids, self.memory, self.src_mask, cache=self.state)  # (N, T, D)
         return self.model.out(hidden[:, -1])  # (N, V)
+
+    def start(self, prompt: Tensor, mask: Tensor | None) -> Tensor:
+        return self._logits(prompt)
 
     def step(self, ids: Tensor, mask: Tensor | None) -> Tensor:
         return self._logits(ids if self.state is None else ids[:, -1:])
@@ -132,21 +174,14 @@ class RecurrentRunner(Runner):
 
 
 def make_runner(model: nn.Module, *, use_cache: bool, max_len: int, src: Tensor | None = None,
-                src_mask: Tensor | None = None, lean: bool = True) -> Runner:
-    """A Runner for `model` (encoder-decoders, Transformer or recurrent: pass the source and its mask).
-
-    A cached Transformer takes the lean step (`attnlab.decoding.lean`) whenever it covers the
-    model and `lean` is True; otherwise the generic cached path."""
+                src_mask: Tensor | None = None) -> Runner:
+    """The Runner for `model` (encoder-decoders, Transformer or recurrent: pass the source and
+    its mask): cached, or the full-forward reference with use_cache=False."""
     if isinstance(model, RNNEncoderDecoder):
         return RecurrentRunner(model, use_cache, src, src_mask)
-    if use_cache and lean:
-        from attnlab.decoding.lean import LeanRunner, unsupported  # lean imports this module
-
-        if unsupported(lm_decoder(model)) is None:
-            return LeanRunner(model, max_len, src, src_mask)
-    if isinstance(model, EncoderDecoder):
-        return EncoderDecoderRunner(model, use_cache, max_len, src, src_mask)
-    return Runner(model, use_cache, max_len)
+    if use_cache:
+        return CachedRunner(model, max_len, src, src_mask)
+    return FullRunner(model, src, src_mask)
 
 
 @torch.no_grad()

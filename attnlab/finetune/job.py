@@ -1,6 +1,7 @@
 """`attnlab finetune CONFIG`: a config file -> a fine-tuned model folder.
 
-Config (JSON or YAML):
+Config (JSON or YAML), read into a typed `FinetuneJobConfig` (errors name the dotted field:
+`data.label_column: expected a string or null, got 3`; unknown keys are refused likewise):
 
     model:   "minilm" | an attnlab folder | a Hugging Face folder | an `attnlab train` run folder
     tokenizer: optional tokenizer file/folder (default: the one beside the model)
@@ -11,6 +12,7 @@ Config (JSON or YAML):
     data:    {train, valid, test (optional), text_column, text_pair_column, label_column, labels (optional)}
     recipe:  attnlab.finetune.runner.Recipe fields (lr, layer_decay, reinit_layers, ...)
     seeds: [0]  probe_steps: 0  keep: 1   (the seed sweep; see attnlab.finetune.sweep)
+    metric: the sweep's score (default mse for regression, else accuracy)
     threads: optional torch threads;  out_dir: where the result goes
 
 Output folder:
@@ -19,18 +21,29 @@ Output folder:
     out_dir/summary.json    config, sweep scores, valid/test metrics, timings
     out_dir/metrics.jsonl   per-step loss and lr of the kept run
     out_dir/confusion.png, confusion.txt   on the test split (else valid)
+    out_dir/runs/seed-N/    each seed's Trainer run: checkpoints/, metrics.jsonl, config.json, loss.png
+    out_dir/runs/probe.json the seeds' probe scores, as they are measured
+
+Each seed is a run of the one training loop (attnlab.training.Trainer), checkpointed every
+`recipe.checkpoint_every` steps and at the probe. `resume=True` (`attnlab finetune CONFIG
+--resume`) continues an interrupted job: every seed from its latest checkpoint, probe scores
+already measured taken from probe.json, so it ends as the uninterrupted job would have.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from attnlab.data.progress import Progress
+from attnlab.config.load import from_dict, to_dict
+from attnlab.config.model import POOLINGS
+from attnlab.config.validate import ConfigError, check_types, choice, in_range, non_negative, positive
+from attnlab.io.progress import Progress
 from attnlab.finetune.data import LabelMap, read_examples
 from attnlab.finetune.loading import load_pretrained, with_head
 from attnlab.finetune.metrics import confusion_matrix, format_confusion, plot_confusion
@@ -38,73 +51,128 @@ from attnlab.finetune.runner import Finetuner, Recipe
 from attnlab.finetune.sweep import seed_sweep
 from attnlab.finetune.token_runner import TokenFinetuner
 from attnlab.finetune.tokens import encode_word_labels, read_word_examples, word_label_map
-from attnlab.utils import atomic_write_text
+from attnlab.io.files import atomic_write_text
 
-TOP_KEYS = {"model", "tokenizer", "head", "pooling", "dropout", "data", "recipe", "seeds", "probe_steps", "keep",
-            "threads", "out_dir", "metric"}
-DATA_KEYS = {"train", "valid", "test", "text_column", "text_pair_column", "label_column", "labels"}
 LABELS_FILE = "labels.json"
 SETTINGS_FILE = "finetune.json"
+# the scores each head's evaluation reports (runner.Finetuner.evaluate, token_runner.word_report)
+METRICS = {"classification": ("accuracy", "macro_f1", "mcc"), "regression": ("mse",),
+           "token_classification": ("accuracy", "macro_f1")}
 
 
-def _check(config: dict[str, Any]) -> None:
-    if not isinstance(config, dict):
-        raise TypeError(f"a finetune config must be a mapping, got {type(config).__name__}")
-    unknown = sorted(set(config) - TOP_KEYS)
-    if unknown:
-        raise ValueError(f"unknown finetune config key(s) {unknown}; known: {sorted(TOP_KEYS)}")
-    for key in ("model", "data", "out_dir"):
-        if key not in config:
-            raise ValueError(f"finetune config needs {key!r}")
-    data = config["data"]
-    if not isinstance(data, dict) or "train" not in data or "valid" not in data:
-        raise ValueError("finetune config 'data' needs 'train' and 'valid' files")
-    unknown = sorted(set(data) - DATA_KEYS)
-    if unknown:
-        raise ValueError(f"unknown data key(s) {unknown}; known: {sorted(DATA_KEYS)}")
+@dataclass
+class FinetuneDataConfig:
+    """The `data` section: CSV/JSONL files (relative to the config's base folder) and columns.
+
+    The columns default by head (None here): `text` / `label` for sequence heads, `words` /
+    `labels` for token_classification. `labels` fixes the label order (default: the training
+    split's labels, sorted); an empty list is the default too.
+    """
+
+    train: str
+    valid: str
+    test: str | None = None
+    text_column: str | None = None
+    text_pair_column: str | None = None
+    label_column: str | None = None
+    labels: list[str | int | float] | None = None
+
+    def __post_init__(self) -> None:
+        check_types(self, "data")
+        names = [str(x) for x in self.labels or []]  # labels are read as strings
+        if len(set(names)) != len(names):
+            raise ConfigError("data.labels", f"expected distinct labels, got {self.labels}")
 
 
-def run_finetune(config: dict[str, Any], *, base: Path | None = None, log: Callable[[str], None] = print,
-                 show_progress: bool = True) -> dict:
+@dataclass
+class FinetuneJobConfig:
+    """An `attnlab finetune` config (the module docstring); `metric` defaults by head on construction."""
+
+    model: str
+    data: FinetuneDataConfig
+    out_dir: str
+    tokenizer: str | None = None
+    head: str = "classification"
+    pooling: str | None = None
+    dropout: float | None = None
+    recipe: Recipe = field(default_factory=Recipe)
+    seeds: list[int] = field(default_factory=lambda: [0])
+    probe_steps: int = 0
+    keep: int = 1
+    threads: int | None = None
+    metric: str | None = None
+
+    def __post_init__(self) -> None:
+        check_types(self)
+        choice("head", self.head, tuple(METRICS))
+        if self.pooling is not None:
+            choice("pooling", self.pooling, POOLINGS)
+        in_range("dropout", self.dropout, 0, 1, high_open=True, optional=True, what="a probability")
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds):
+            raise ConfigError("seeds", f"expected a non-empty list of distinct integers, got {self.seeds}")
+        non_negative("probe_steps", self.probe_steps, integer=True)
+        if self.probe_steps > self.recipe.max_steps:  # the probe is a point of the run
+            raise ConfigError("probe_steps", f"expected an integer <= recipe.max_steps ({self.recipe.max_steps}), "
+                              f"got {self.probe_steps}")
+        if not 1 <= self.keep <= len(self.seeds):
+            raise ConfigError("keep", f"expected an integer in [1, {len(self.seeds)}] (the seeds that continue "
+                              f"past the probe), got {self.keep}")
+        positive("threads", self.threads, integer=True, optional=True)
+        if self.metric is None:
+            self.metric = "mse" if self.head == "regression" else "accuracy"
+        choice("metric", self.metric, METRICS[self.head])
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "FinetuneJobConfig":
+        """Build and validate from a parsed config file.
+
+        Raises:
+            ConfigError (a ValueError): an unknown or missing key, or a value out of range, naming the dotted field.
+            ConfigTypeError (a TypeError): a value of the wrong type, named likewise.
+        """
+        return from_dict(cls, data)
+
+
+def run_finetune(config: dict[str, Any] | FinetuneJobConfig, *, base: Path | None = None,
+                 log: Callable[[str], None] = print, show_progress: bool = True, resume: bool = False) -> dict:
     """Fine-tune as `config` says and write the output folder (module docstring).
 
     Args:
-        config: the parsed config.
+        config: the parsed config file, or a FinetuneJobConfig.
         base: folder that relative paths in the config are relative to (default: the cwd).
         log: where progress lines go.
         show_progress: draw a progress line (stderr) while training.
+        resume: continue the job whose runs are in out_dir/runs (module docstring).
 
     Returns:
         the summary dict (also written to out_dir/summary.json).
 
     Raises:
-        ValueError, TypeError, FileNotFoundError: bad config, data or model (named).
+        ValueError, TypeError, FileNotFoundError: bad config, data or model (named); a fresh job
+            in an out_dir that holds an earlier job's checkpoints.
     """
-    _check(config)
+    job = config if isinstance(config, FinetuneJobConfig) else FinetuneJobConfig.from_dict(config)
     start = time.perf_counter()
     base = Path(base) if base is not None else Path.cwd()
 
     def resolve(p: str | None) -> Path | None:
         return None if p is None else (Path(p) if Path(p).is_absolute() else base / p)
 
-    if config.get("threads"):
-        torch.set_num_threads(int(config["threads"]))
-    data = config["data"]
-    head = config.get("head", "classification")
-    if head not in ("classification", "regression", "token_classification"):
-        raise ValueError(f"head must be classification, regression or token_classification, got {head!r}")
+    if job.threads:
+        torch.set_num_threads(job.threads)
+    data, head = job.data, job.head
     if head == "token_classification":
-        words = {"words_column": data.get("text_column", "words"), "labels_column": data.get("label_column", "labels")}
+        words = {"words_column": data.text_column or "words", "labels_column": data.label_column or "labels"}
         read = lambda path: read_word_examples(path, **words)  # noqa: E731
     else:
-        columns = {k: data.get(k, d) for k, d in (("text_column", "text"), ("text_pair_column", None),
-                                                   ("label_column", "label"))}
+        columns = {"text_column": data.text_column or "text", "text_pair_column": data.text_pair_column,
+                   "label_column": data.label_column or "label"}
         read = lambda path: read_examples(path, **columns)  # noqa: E731
-    train = read(resolve(data["train"]))
-    valid = read(resolve(data["valid"]))
-    test = read(resolve(data["test"])) if data.get("test") else None
-    if data.get("labels"):
-        labels = LabelMap(data["labels"])
+    train = read(resolve(data.train))
+    valid = read(resolve(data.valid))
+    test = read(resolve(data.test)) if data.test else None
+    if data.labels:
+        labels = LabelMap(data.labels)
     else:
         labels = word_label_map(train) if head == "token_classification" else LabelMap.from_examples(train)
     if head == "regression":
@@ -113,30 +181,32 @@ def run_finetune(config: dict[str, Any], *, base: Path | None = None, log: Calla
         encode = lambda exs, src: encode_word_labels(labels, exs, src)  # noqa: E731
     else:
         encode = lambda exs, src: labels.encode(exs, src)  # noqa: E731
-    y_train, y_valid = encode(train, data["train"]), encode(valid, data["valid"])
-    y_test = encode(test, data["test"]) if test is not None else None
-    recipe = Recipe.from_dict(config.get("recipe", {}))
-    seeds = config.get("seeds", [0])
-    probe, keep = int(config.get("probe_steps", 0)), int(config.get("keep", 1))
-    metric = config.get("metric", "mse" if head == "regression" else "accuracy")
-    sign = -1.0 if metric == "mse" else 1.0
-    base_model, tokenizer = load_pretrained(str(resolve(config["model"])) if config["model"] != "minilm" else "minilm",
-                                            resolve(config.get("tokenizer")))
-    log(f"finetune: {config['model']} ({base_model.config.arch}, {sum(p.numel() for p in base_model.parameters()):,} "
+    y_train, y_valid = encode(train, data.train), encode(valid, data.valid)
+    y_test = encode(test, data.test) if test is not None else None
+    recipe, seeds, metric = job.recipe, job.seeds, job.metric
+    sign = -1.0 if metric == "mse" else 1.0  # the sweep maximises: mse is an error
+    base_model, tokenizer = load_pretrained(str(resolve(job.model)) if job.model != "minilm" else "minilm",
+                                            resolve(job.tokenizer))
+    out = resolve(job.out_dir)
+    runs = out / "runs"
+    if not resume and any(runs.glob("seed-*/checkpoints/step-*")):
+        raise ValueError(f"out_dir={str(out)!r} holds the checkpoints of an earlier job; continue it with --resume, "
+                         "or choose another out_dir")
+    probe_file = runs / "probe.json"
+    known = {int(k): v for k, v in json.loads(probe_file.read_text(encoding="utf-8")).items()} \
+        if resume and probe_file.exists() else {}
+    log(f"finetune: {job.model} ({base_model.config.arch}, {sum(p.numel() for p in base_model.parameters()):,} "
         f"parameters), {len(train)} train / {len(valid)} valid examples, {len(labels)} labels, seeds {seeds}")
 
     def start_run(seed: int) -> Finetuner:
-        model = with_head(base_model, head, len(labels), pooling=config.get("pooling"),
-                          dropout=config.get("dropout"), seed=seed)
+        model = with_head(base_model, head, len(labels), pooling=job.pooling, dropout=job.dropout, seed=seed)
         runner = TokenFinetuner if head == "token_classification" else Finetuner
-        run = runner(model, tokenizer, train, y_train, recipe, seed=seed)
+        run = runner(model, tokenizer, train, y_train, recipe, seed=seed, out_dir=runs / f"seed-{seed}", resume=resume)
         plain_train = run.train
 
         def train_with_progress(steps: int) -> None:  # a progress line per seed and phase
-            todo = min(steps, recipe.max_steps - run.step_count)
-            if todo <= 0:
-                return
-            bar = Progress(todo, unit="step", desc=f"seed {seed}", enabled=show_progress)
+            todo = min(run.target_step + steps, recipe.max_steps) - run.step_count
+            bar = Progress(max(todo, 0), unit="step", desc=f"seed {seed}", enabled=show_progress and todo > 0)
             plain_train(steps, on_step=lambda h: bar.update(1, f"loss {h['loss']:.4f}"))
             bar.close()
 
@@ -149,13 +219,18 @@ def run_finetune(config: dict[str, Any], *, base: Path | None = None, log: Calla
             f"(loss {run.history[-1]['loss']:.4f})" if run.history else f"  seed {run.seed}: valid {scores[metric]:.4f}")
         return sign * scores[metric]
 
-    result = seed_sweep(seeds, start_run, evaluate, probe_steps=probe, total_steps=recipe.max_steps, keep=keep)
+    def record_probe(seed: int, score: float) -> None:
+        known[seed] = score
+        atomic_write_text(probe_file, json.dumps({str(k): v for k, v in known.items()}) + "\n")
+
+    result = seed_sweep(seeds, start_run, evaluate, probe_steps=job.probe_steps, total_steps=recipe.max_steps,
+                        keep=job.keep, known_probe=known, on_probe=record_probe)
     best = result.runs[result.best_seed]
-    summary: dict[str, Any] = {"config": config, "best_seed": result.best_seed, "kept": result.kept,
+    summary: dict[str, Any] = {"config": config if isinstance(config, dict) else to_dict(job),  # as given
+                               "best_seed": result.best_seed, "kept": result.kept,
                                "probe": {str(k): sign * v for k, v in result.probe.items()},
                                "final": {str(k): sign * v for k, v in result.final.items()},
                                "labels": labels.labels, "valid": best.evaluate(valid, y_valid)}
-    out = resolve(config["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     split, exs, ys = ("test", test, y_test) if test is not None else ("valid", valid, y_valid)
     if test is not None:
@@ -182,13 +257,17 @@ def run_finetune(config: dict[str, Any], *, base: Path | None = None, log: Calla
 
 
 def _save(run: Finetuner, tokenizer: Any, labels: LabelMap, folder: Path) -> None:
-    """attnlab.save of the model and tokenizer, then labels.json and finetune.json inside it.
+    """attnlab.save of the model and tokenizer with labels.json and finetune.json beside them, the
+    whole folder written atomically (an earlier job's model folder is replaced as a whole)."""
+    from attnlab.io.files import atomic_folder
+    from attnlab.io.serialization import save
 
-    The extra files are written into the folder after the atomic model write, each atomically."""
-    from attnlab.serialization import save
-
-    save(run.model, folder, tokenizer=tokenizer)
-    atomic_write_text(folder / LABELS_FILE, labels.to_json())
     settings = {"max_length": run.recipe.max_length, "padding_side": run.recipe.padding_side, "pad_id": run.pad_id,
                 "label_position": run.recipe.label_position}
-    atomic_write_text(folder / SETTINGS_FILE, json.dumps(settings, indent=2) + "\n")
+    with atomic_folder(folder) as tmp:
+        staged = save(run.model, tmp / "model", tokenizer=tokenizer)
+        for file in staged.iterdir():
+            file.replace(tmp / file.name)
+        staged.rmdir()
+        (tmp / LABELS_FILE).write_text(labels.to_json(), encoding="utf-8")
+        (tmp / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")

@@ -194,7 +194,7 @@ def pretraining_text(out_dir: str | os.PathLike, *, languages: Sequence[str] = D
     Returns:
         {"train": path, "valid": path}.
     """
-    from attnlab.utils import atomic_write_text
+    from attnlab.io.files import atomic_write_text
 
     pool = string_pool(languages, seed=seed, min_letters=min_letters, sources=sources)
     out = Path(out_dir)

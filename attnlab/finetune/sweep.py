@@ -9,6 +9,9 @@ and continues the good ones. Here:
     kept = the `keep` seeds with the highest score (ties: the earlier seed in `seeds`);
            when keep == len(seeds) nothing is cut and the probe score is not computed (nan)
     for seed in kept:             run.train(total_steps - probe_steps); final[seed] = evaluate(run)
+
+An interrupted sweep resumes with the probe scores it had measured (`known_probe`): a run
+resumed past its probe step cannot be evaluated at the probe again.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ class SweepResult:
 
 
 def seed_sweep(seeds: Sequence[int], start: Callable[[int], Run], evaluate: Callable[[Run], float], *,
-               probe_steps: int, total_steps: int, keep: int) -> SweepResult:
+               probe_steps: int, total_steps: int, keep: int, known_probe: dict[int, float] | None = None,
+               on_probe: Callable[[int, float], None] | None = None) -> SweepResult:
     """Run the sweep described in the module docstring (higher score = better).
 
     Args:
@@ -44,6 +48,8 @@ def seed_sweep(seeds: Sequence[int], start: Callable[[int], Run], evaluate: Call
         probe_steps: steps before the cut (>= 0).
         total_steps: steps of a continued run in all (>= probe_steps).
         keep: how many seeds continue (1 <= keep <= len(seeds)).
+        known_probe: probe scores measured before an interruption, taken as they are.
+        on_probe: called with (seed, score) after each probe evaluation (to record it).
 
     Returns:
         a SweepResult; dropped runs are released after their probe.
@@ -63,7 +69,14 @@ def seed_sweep(seeds: Sequence[int], start: Callable[[int], Run], evaluate: Call
         run = start(seed)
         run.train(probe_steps)
         # with nothing to choose (keep == all seeds) the probe evaluation is skipped
-        probe[seed] = float(evaluate(run)) if keep < len(seeds) else float("nan")
+        if keep == len(seeds):
+            probe[seed] = float("nan")
+        elif known_probe and seed in known_probe:
+            probe[seed] = float(known_probe[seed])
+        else:
+            probe[seed] = float(evaluate(run))
+            if on_probe is not None:
+                on_probe(seed, probe[seed])
         live[seed] = run
         ranked = sorted(live, key=lambda s: (-probe[s] if keep < len(seeds) else 0.0, seeds.index(s)))
         for dropped in ranked[keep:]:  # keep at most `keep` runs in memory

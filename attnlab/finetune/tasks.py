@@ -30,7 +30,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from attnlab.utils import atomic_write_text
+from attnlab.io.files import atomic_write_text
 
 DEFAULT_PLAYS = ("Hamlet", "A Midsummer Night's Dream", "Henry V")
 SPLITS = ("train", "valid", "test")

@@ -19,7 +19,8 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.finetune.metrics import accuracy, macro_f1
-from attnlab.finetune.runner import Finetuner, Recipe, model_inputs
+from attnlab.finetune.runner import Finetuner, Recipe
+from attnlab.finetune.task import model_inputs
 from attnlab.finetune.tokens import WordExample, encode_word_batch, word_predictions
 
 
@@ -30,17 +31,18 @@ class TokenFinetuner(Finetuner):
         model: an attnlab encoder/decoder with head `token_classification`.
         tokenizer: its tokenizer.
         train_examples: WordExample rows; train_labels: label ids per word of each row.
-        recipe, seed, pad_id: as for Finetuner (recipe.label_position picks the labelled sub-token).
+        recipe, seed, pad_id, out_dir, resume, log: as for Finetuner (recipe.label_position picks
+            the labelled sub-token).
 
     Raises:
         ValueError: the model's head is not token_classification.
     """
 
     def __init__(self, model: nn.Module, tokenizer: Any, train_examples: Sequence[WordExample],
-                 train_labels: Sequence[Sequence[int]], recipe: Recipe, *, seed: int = 0, pad_id: int | None = None):
+                 train_labels: Sequence[Sequence[int]], recipe: Recipe, **kwargs: Any):
         if model.config.head != "token_classification":
             raise ValueError(f"TokenFinetuner needs a token_classification head, got {model.config.head!r}")
-        super().__init__(model, tokenizer, train_examples, train_labels, recipe, seed=seed, pad_id=pad_id)
+        super().__init__(model, tokenizer, train_examples, train_labels, recipe, **kwargs)
 
     def encode(self, examples: Sequence[WordExample], labels: Sequence[Sequence[int]] | None) -> dict[str, Tensor]:
         """encode_word_batch with the recipe's length, padding and label position."""
@@ -48,11 +50,10 @@ class TokenFinetuner(Finetuner):
                                  pad_id=self.pad_id, padding_side=self.recipe.padding_side,
                                  position=self.recipe.label_position)
 
-    def training_batch(self, indices: Sequence[int]) -> tuple[dict[str, Tensor], Tensor]:
-        enc = self.encode([self.examples[i] for i in indices], [self.labels[i] for i in indices])
-        device = next(self.model.parameters()).device
-        batch = {k: enc[k].to(device) for k in ("input_ids", "attention_mask", "token_type_ids")}
-        return batch, enc["labels"]
+    def encode_training(self, examples: Sequence[WordExample], labels: Sequence[Sequence[int]]) -> dict[str, Tensor]:
+        """A training batch: sub-token ids with each word's label on its labelled sub-token."""
+        enc = self.encode(examples, labels)
+        return {k: enc[k] for k in ("input_ids", "attention_mask", "token_type_ids", "labels")}
 
     @torch.no_grad()
     def predict_words(self, examples: Sequence[WordExample], batch_size: int = 64) -> tuple[list[list[int | None]], int]:

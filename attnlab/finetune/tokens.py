@@ -211,7 +211,7 @@ def word_predictions(logits: Tensor, word_index: Tensor, num_words: Sequence[int
 
 def to_jsonl(examples: Sequence[WordExample], path: str | os.PathLike) -> Path:
     """Write rows as JSONL {"words": [...], "labels": [...]} (atomically)."""
-    from attnlab.utils import atomic_write_text
+    from attnlab.io.files import atomic_write_text
 
     text = "".join(json.dumps({"words": e.words, "labels": e.labels}, ensure_ascii=False) + "\n" for e in examples)
     atomic_write_text(Path(path), text)

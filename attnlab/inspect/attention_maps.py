@@ -168,7 +168,7 @@ def attention_maps(model: nn.Module, *inputs: Tensor, names: Iterable[str] | str
 
 
 def stack_layers(maps: dict[str, Tensor], batch_index: int = 0) -> tuple[list[str], Tensor]:
-    """Same-shaped maps of one example as (names, (L, H, Tq, Tk)) for `attnlab.plots.plot_head_grid`.
+    """Same-shaped maps of one example as (names, (L, H, Tq, Tk)) for `attnlab.inspect.plots.plot_head_grid`.
 
     Raises:
         ValueError: the maps differ in shape (e.g. self- and cross-attention of different lengths).

@@ -30,7 +30,9 @@ from dataclasses import dataclass
 import torch
 
 from attnlab.config import ModelConfig
-from attnlab.nn.layers import _GATED
+from attnlab.nn.activations import GATED
+from attnlab.nn.kernels import KERNELS
+from attnlab.nn.scores import SCORES
 
 
 @dataclass
@@ -69,7 +71,7 @@ def _attention_rows(cfg: ModelConfig, prefix: str, T: int, Tk: int, params: dict
     D, H, G, Dh = cfg.d_model, cfg.num_heads, cfg.resolved_num_kv_heads, cfg.resolved_head_dim
     proj = 2 * T * D * H * Dh + 2 * 2 * Tk * D * G * Dh + 2 * T * H * Dh * D
     mix = 2 * H * T * Tk * Dh * 2
-    proj_params = _sum(params, prefix + ".", ("q_proj", "k_proj", "v_proj", "out_proj"))
+    proj_params = _sum(params, prefix + ".", ("qkv_proj", "q_proj", "kv_proj", "out_proj"))
     return [
         CostRow(f"{prefix}.projections", proj_params, proj, T * H * Dh + 2 * Tk * G * Dh + T * D),
         CostRow(f"{prefix}.scores", _sum(params, prefix + ".") - proj_params, mix,
@@ -80,7 +82,7 @@ def _attention_rows(cfg: ModelConfig, prefix: str, T: int, Tk: int, params: dict
 def _stack_rows(cfg: ModelConfig, prefix: str, n: int, T: int, cross_len: int | None,
                 params: dict[str, int], eager: bool) -> list[CostRow]:
     rows = []
-    F = cfg.d_ff * (2 if cfg.activation in _GATED else 1)  # W1 (and W3) widths
+    F = cfg.d_ff * (2 if cfg.activation in GATED else 1)  # W1 (and W3) widths
     for i in range(n):
         p = f"{prefix}layers.{i}"
         rows += _attention_rows(cfg, f"{p}.self_attn", T, T, params, eager)
@@ -115,7 +117,9 @@ def cost_table(cfg: ModelConfig, seq_len: int, *, src_len: int | None = None,
     if cfg.arch == "rnn_encoder_decoder":
         raise ValueError("cost_table counts Transformer configs; arch='rnn_encoder_decoder' is not one")
     S = seq_len if src_len is None else src_len
-    eager = (kernel or cfg.attention.kernel) == "eager" or cfg.attention.score == "additive"
+    # the kernel (or a score it cannot fuse) holds the T x Tk weights in memory
+    eager = KERNELS[kernel or cfg.attention.kernel].supports.materializes_weights \
+        or not SCORES[cfg.attention.score].fused
     params = parameter_counts(cfg)
     T, D = seq_len, cfg.d_model
     rows: list[CostRow] = []
@@ -144,7 +148,7 @@ def crossover_seq_len(cfg: ModelConfig) -> float:
     """T* where one self-attention layer's T^2 FLOPs (4 T^2 H Dh) equal its per-token FLOPs
     times T (projections + feed-forward); 2 d_model + d_ff for plain multi-head attention."""
     D, H, G, Dh = cfg.d_model, cfg.num_heads, cfg.resolved_num_kv_heads, cfg.resolved_head_dim
-    F = cfg.d_ff * (2 if cfg.activation in _GATED else 1)
+    F = cfg.d_ff * (2 if cfg.activation in GATED else 1)
     per_token = 2 * D * H * Dh + 4 * D * G * Dh + 2 * H * Dh * D + 2 * D * F + 2 * cfg.d_ff * D
     return per_token / (4 * H * Dh)
 

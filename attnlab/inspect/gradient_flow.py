@@ -25,7 +25,8 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from attnlab.nn.layers import FeedForward, TransformerLayer, make_norm
+from attnlab.nn.layers import FeedForward, TransformerLayer
+from attnlab.nn.norms import make_norm
 from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.masks import causal_mask
 from attnlab.nn.rnn import ExplicitLSTM, ExplicitRNN
@@ -142,7 +143,7 @@ def source_gradient_norms(model: nn.Module, src_ids: Tensor, tgt_ids: Tensor, la
 
 def plot_gradient_flow(norms: dict[str, Tensor], path: str | os.PathLike) -> str:
     """Norms against distance from the loss (T - 1 - k), log scale, one line per model."""
-    from attnlab.plots import plot_lines
+    from attnlab.inspect.plots import plot_lines
 
     series = {name: (list(range(len(n) - 1, -1, -1)), n.tolist()) for name, n in norms.items()}
     return plot_lines(series, path, xlabel="distance from the loss (t - k)", ylabel="||dL/dh_k||",

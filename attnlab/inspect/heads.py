@@ -185,11 +185,13 @@ def remove_heads_(attn: MultiHeadAttention, heads: Iterable[int]) -> MultiHeadAt
     keep = [h for h in range(H) if h not in drop]
     if not keep:
         raise ValueError(f"removing all {H} heads leaves no attention; keep at least one (or use head_mask)")
-    keep_t = torch.tensor(keep, device=attn.q_proj.weight.device)
+    keep_t = torch.tensor(keep, device=attn.out_proj.weight.device)
     index = (keep_t[:, None] * Dh + torch.arange(Dh, device=keep_t.device)).flatten()  # features of kept heads
-    attn.q_proj = _keep_rows(attn.q_proj, index)
-    attn.k_proj = _keep_rows(attn.k_proj, index)
-    attn.v_proj = _keep_rows(attn.v_proj, index)
+    if attn.qkv_proj is not None:  # fused q | k | v: the kept heads' rows of each
+        attn.qkv_proj = _keep_rows(attn.qkv_proj, torch.cat([index, H * Dh + index, 2 * H * Dh + index]))
+    else:  # cross-attention: q, and fused k | v
+        attn.q_proj = _keep_rows(attn.q_proj, index)
+        attn.kv_proj = _keep_rows(attn.kv_proj, torch.cat([index, H * Dh + index]))
     attn.out_proj = _keep_cols(attn.out_proj, index)
     with torch.no_grad():
         if isinstance(attn.score, General):
@@ -280,7 +282,7 @@ def pruning_curve(model: nn.Module, batches: list[object], scores: dict[str, Ten
 
 def plot_pruning_curve(curves: dict[str, list[tuple[int, float]]], path: str) -> str:
     """Loss against heads removed, one line per ranking (e.g. importance vs random)."""
-    from attnlab.plots import plot_lines
+    from attnlab.inspect.plots import plot_lines
 
     series = {name: ([k for k, _ in c], [v for _, v in c]) for name, c in curves.items()}
     return plot_lines(series, path, xlabel="heads removed", ylabel="loss", title="head pruning")

@@ -63,7 +63,7 @@ def kernel_regression_demo(path: str | os.PathLike, *, bandwidths: tuple[float, 
                            n: int = 50, seed: int = 0) -> dict[float, float]:
     """Fit the toy data with several bandwidths, plot the fits and the truth; returns
     {bandwidth: mean squared error against the true function on a grid}."""
-    from attnlab.plots import plot_scatter_fit
+    from attnlab.inspect.plots import plot_scatter_fit
 
     x, y = toy_data(n, seed=seed)
     grid = torch.linspace(0, 5, 100)

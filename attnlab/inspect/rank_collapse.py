@@ -21,7 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.nn.attention import MultiHeadAttention
-from attnlab.nn.layers import FeedForward, make_norm
+from attnlab.nn.layers import FeedForward
+from attnlab.nn.norms import make_norm
 
 VARIANTS = ("attention", "attention_ffn", "residual", "transformer")
 
@@ -83,7 +84,7 @@ def rank_collapse(variant: str, *, depth: int = 12, seq_len: int = 32, d_model: 
 
 def plot_rank_collapse(curves: dict[str, Tensor], path: str | os.PathLike) -> str:
     """Relative residual against depth, log scale, one line per variant."""
-    from attnlab.plots import plot_lines
+    from attnlab.inspect.plots import plot_lines
 
     series = {n: (list(range(len(c))), c.clamp(min=1e-12).tolist()) for n, c in curves.items()}
     return plot_lines(series, path, xlabel="depth (layers)", ylabel="||res(X)|| / ||X||",

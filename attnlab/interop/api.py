@@ -23,8 +23,10 @@ from torch import Tensor, nn
 
 from attnlab.config import ModelConfig
 from attnlab.interop import bart, bert, gpt2, marian, t5
-from attnlab.interop.common import load_state, state_from_hf, state_to_hf
-from attnlab.interop.files import SAFETENSORS, atomic_folder, read_json, read_weights, write_safetensors
+from attnlab.interop.common import state_from_hf, state_to_hf
+from attnlab.interop.files import read_weights
+from attnlab.io.files import atomic_folder, read_json
+from attnlab.io.weights import SAFETENSORS, load_state, write_safetensors
 
 FAMILIES: tuple[ModuleType, ...] = (gpt2, bert, t5, marian, bart)
 _BY_ARCHITECTURE = {arch: fam for fam in FAMILIES for arch in fam.ARCHITECTURES}

@@ -10,9 +10,12 @@ Marian shares this layer layout (see `marian.py`).
     model.shared                                   decoder.embed.token (= encoder.embed.token)
     model.{enc,dec}oder.embed_positions            {enc,dec}oder.embed.positions
     model.{enc,dec}oder.layernorm_embedding        {enc,dec}oder.embed.norm
-    model.*.layers.{i}.self_attn.{q,k,v,out}_proj  *.layers.{i}.self_attn.{q,k,v,out}_proj
+    model.*.layers.{i}.self_attn.{q,k,v}_proj      *.layers.{i}.self_attn.qkv_proj (joined)
+    model.*.layers.{i}.self_attn.out_proj          *.layers.{i}.self_attn.out_proj
     model.*.layers.{i}.self_attn_layer_norm        *.layers.{i}.self_attn_block.norm
-    model.decoder.layers.{i}.encoder_attn[_layer_norm]  decoder.layers.{i}.cross_attn[_block.norm]
+    model.decoder.layers.{i}.encoder_attn.{q,out}_proj  decoder.layers.{i}.cross_attn.{q,out}_proj
+    model.decoder.layers.{i}.encoder_attn.{k,v}_proj    decoder.layers.{i}.cross_attn.kv_proj (joined)
+    model.decoder.layers.{i}.encoder_attn_layer_norm    decoder.layers.{i}.cross_attn_block.norm
     model.*.layers.{i}.fc1 / fc2 / final_layer_norm *.layers.{i}.ffn.w1 / ffn.w2 / ffn_block.norm
     final_logits_bias (1, V)                       decoder.head.proj.bias (V,)
 """
@@ -22,7 +25,8 @@ from __future__ import annotations
 from typing import Any
 
 from attnlab.config import ModelConfig
-from attnlab.interop.common import Conversion, Derived, Rule, copy_of, flat_config, hf_get, rename, require, reshaped
+from attnlab.interop.common import (Conversion, Derived, Rule, copy_of, flat_config, hf_get, joined, rename, require,
+                                    reshaped)
 
 FAMILY = "BART"
 MODEL_TYPE = "bart"
@@ -85,16 +89,21 @@ def seq2seq_hf_fields(cfg: ModelConfig) -> dict[str, Any]:
 def seq2seq_layer_rules(cfg: ModelConfig, prefix: str) -> list[Rule]:
     """Layer and embedding-norm rules of a BART-layout model (`prefix` = "model.")."""
     rules = []
-    attn = [(f"{n}_proj", f"{n}_proj") for n in ("q", "k", "v", "out")]
+    D = cfg.d_model
     for stack, n_layers in (("encoder", cfg.num_layers), ("decoder", cfg.resolved_decoder_layers)):
         for i in range(n_layers):
             h, o = f"{prefix}{stack}.layers.{i}.", f"{stack}.layers.{i}."
-            pairs = [(f"self_attn.{a}", f"self_attn.{b}") for a, b in attn]
-            pairs += [("self_attn_layer_norm", "self_attn_block.norm"), ("fc1", "ffn.w1"), ("fc2", "ffn.w2"),
-                      ("final_layer_norm", "ffn_block.norm")]
+            pairs = [("self_attn.out_proj", "self_attn.out_proj"), ("self_attn_layer_norm", "self_attn_block.norm"),
+                     ("fc1", "ffn.w1"), ("fc2", "ffn.w2"), ("final_layer_norm", "ffn_block.norm")]
+            for t in ("weight", "bias"):
+                rules.append(joined(tuple(f"{h}self_attn.{n}_proj.{t}" for n in "qkv"),
+                                    f"{o}self_attn.qkv_proj.{t}", (D, D, D)))
             if stack == "decoder":
-                pairs += [(f"encoder_attn.{a}", f"cross_attn.{b}") for a, b in attn]
-                pairs += [("encoder_attn_layer_norm", "cross_attn_block.norm")]
+                pairs += [("encoder_attn.q_proj", "cross_attn.q_proj"), ("encoder_attn.out_proj", "cross_attn.out_proj"),
+                          ("encoder_attn_layer_norm", "cross_attn_block.norm")]
+                for t in ("weight", "bias"):
+                    rules.append(joined(tuple(f"{h}encoder_attn.{n}_proj.{t}" for n in "kv"),
+                                        f"{o}cross_attn.kv_proj.{t}", (D, D)))
             rules += [rename(f"{h}{a}.{t}", f"{o}{b}.{t}") for a, b in pairs for t in ("weight", "bias")]
     return rules
 

@@ -8,7 +8,7 @@ embeddings, with its own bias.
 
     [bert.]embeddings.{word,position,token_type}_embeddings   embed.{token,positions,segment}
     [bert.]embeddings.LayerNorm                               embed.norm
-    [bert.]encoder.layer.{i}.attention.self.{query,key,value} layers.{i}.self_attn.{q,k,v}_proj
+    [bert.]encoder.layer.{i}.attention.self.{query,key,value} layers.{i}.self_attn.qkv_proj (joined)
     [bert.]encoder.layer.{i}.attention.output.dense           layers.{i}.self_attn.out_proj
     [bert.]encoder.layer.{i}.attention.output.LayerNorm       layers.{i}.self_attn_block.norm
     [bert.]encoder.layer.{i}.intermediate.dense / output.dense layers.{i}.ffn.w1 / w2
@@ -23,8 +23,8 @@ from __future__ import annotations
 from typing import Any
 
 from attnlab.config import ModelConfig
-from attnlab.interop.common import (Conversion, Derived, copy_of, flat_config, hf_get, pick_label_count, rename,
-                                    require)
+from attnlab.interop.common import (Conversion, Derived, copy_of, flat_config, hf_get, joined, pick_label_count,
+                                    rename, require)
 
 FAMILY = "BERT"
 MODEL_TYPE = "bert"
@@ -119,14 +119,15 @@ def conversion(cfg: ModelConfig, architecture: str) -> Conversion:
     ]
     # buffers older checkpoints store (MiniLM's has position_ids): bookkeeping, not weights
     derived = [Derived(f"{e}position_ids"), Derived(f"{e}token_type_ids")]
-    pairs = [("attention.self.query", "self_attn.q_proj"), ("attention.self.key", "self_attn.k_proj"),
-             ("attention.self.value", "self_attn.v_proj"), ("attention.output.dense", "self_attn.out_proj"),
-             ("attention.output.LayerNorm", "self_attn_block.norm"), ("intermediate.dense", "ffn.w1"),
-             ("output.dense", "ffn.w2"), ("output.LayerNorm", "ffn_block.norm")]
+    pairs = [("attention.output.dense", "self_attn.out_proj"), ("attention.output.LayerNorm", "self_attn_block.norm"),
+             ("intermediate.dense", "ffn.w1"), ("output.dense", "ffn.w2"), ("output.LayerNorm", "ffn_block.norm")]
+    D = cfg.d_model
     for i in range(cfg.num_layers):
-        for h, o in pairs:
-            for t in ("weight", "bias"):
-                rules.append(rename(f"{p}encoder.layer.{i}.{h}.{t}", f"layers.{i}.{o}.{t}"))
+        h = f"{p}encoder.layer.{i}."
+        for t in ("weight", "bias"):
+            rules.append(joined(tuple(f"{h}attention.self.{n}.{t}" for n in ("query", "key", "value")),
+                                f"layers.{i}.self_attn.qkv_proj.{t}", (D, D, D)))
+            rules += [rename(f"{h}{a}.{t}", f"layers.{i}.{o}.{t}") for a, o in pairs]
     if cfg.pooler:
         rules += [rename(f"{p}pooler.dense.weight", "pooler.dense.weight"),
                   rename(f"{p}pooler.dense.bias", "pooler.dense.bias")]

@@ -1,17 +1,16 @@
-"""What every family converter shares: tensor-renaming rules, a strict tie-aware loader,
-and the check that a config can be expressed in the other library.
+"""What every family converter shares: tensor-renaming rules and the check that a config can be expressed in the other library.
 
 A converter is a list of `Rule`s. Each rule names some Hugging Face tensors and some attnlab
-tensors and says how one side becomes the other (a rename, a transpose, a split of GPT-2's
-fused q/k/v, a reshape of a (1, V) bias). Nothing else: anything that changes the computation
+tensors and says how one side becomes the other (a rename, a transpose, a join of separate
+q/k/v into attnlab's fused projection, a reshape of a (1, V) bias). Nothing else: anything that changes the computation
 is a config field of attnlab's core, set by the converter's config mapping.
 
-    hf state dict --state_from_hf(rules)--> attnlab state dict --load_state(model)--> model
+    hf state dict --state_from_hf(rules)--> attnlab state dict --io.load_state(model)--> model
     model.state_dict() --state_to_hf(rules)--> hf state dict
 
 Tied tensors (a decoder's output matrix shared with its embedding, BART's shared vocabulary)
-are named once by the rules; `load_state` fills every alias of a tensor from any one of its
-names, and refuses two names of one tensor that disagree.
+are named once by the rules; `attnlab.io.weights.load_state` fills every alias of a tensor
+from any one of its names, and refuses two names of one tensor that disagree.
 """
 
 from __future__ import annotations
@@ -22,6 +21,8 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+from attnlab.io.weights import alias_groups
 
 Convert = Callable[[list[Tensor]], list[Tensor]]
 
@@ -66,18 +67,12 @@ def reshaped(hf: str, ours: str, hf_shape: Callable[[Tensor], tuple[int, ...]]) 
     return Rule((hf,), (ours,), lambda ts: [ts[0].reshape(-1)], lambda ts: [ts[0].reshape(hf_shape(ts[0]))])
 
 
-def fused_qkv(hf: str, ours: tuple[str, str, str], *, conv1d: bool) -> Rule:
-    """One fused (D, 3D) Conv1D weight, or (3D,) bias, <-> three q, k, v tensors."""
-
-    def split(ts: list[Tensor]) -> list[Tensor]:
-        t = ts[0].t() if conv1d and ts[0].dim() == 2 else ts[0]
-        return [c.contiguous() for c in t.chunk(3, dim=0)]
-
-    def join(ts: list[Tensor]) -> list[Tensor]:
-        t = torch.cat(ts, dim=0)
-        return [t.t().contiguous() if conv1d and t.dim() == 2 else t]
-
-    return Rule((hf,), ours, split, join)
+def joined(hf: tuple[str, ...], ours: str, sizes: tuple[int, ...]) -> Rule:
+    """Several Hugging Face tensors <-> one attnlab tensor that holds them one after the other
+    along dim 0 (sizes: their lengths there): separate q, k, v projections <-> a fused `qkv_proj`,
+    T5's wi_0, wi_1 <-> a gated feed-forward's `w13`."""
+    return Rule(hf, (ours,), lambda ts: [torch.cat(ts, dim=0)],
+                lambda ts: [c.contiguous() for c in ts[0].split(list(sizes), dim=0)])
 
 
 @dataclass
@@ -192,58 +187,6 @@ def state_to_hf(model: nn.Module, mapping: Conversion) -> dict[str, Tensor]:
     if left:
         raise ValueError(f"attnlab tensor(s) with no Hugging Face counterpart: {', '.join(left[:8])}")
     return {k: v.contiguous() for k, v in out.items()}
-
-
-# ---- strict, tie-aware loading ------------------------------------------------------------------
-
-
-def alias_groups(model: nn.Module) -> dict[str, tuple[str, ...]]:
-    """state-dict name -> every name of the same parameter (a tied tensor has several)."""
-    by_param: dict[int, list[str]] = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        by_param.setdefault(id(p), []).append(name)
-    groups: dict[str, tuple[str, ...]] = {}
-    for names in by_param.values():
-        for n in names:
-            groups[n] = tuple(names)
-    return groups
-
-
-def load_state(model: nn.Module, state: Mapping[str, Tensor], *, source: str = "the weights") -> nn.Module:
-    """Copy `state` into `model`, strictly: every tensor present once (ties: any one name),
-    no extra names, matching shapes. The model is changed only if everything checks.
-
-    Raises:
-        ValueError: naming the missing, unexpected or mis-shaped tensor and `source`.
-    """
-    expected = model.state_dict(keep_vars=True)
-    groups = alias_groups(model)
-    unexpected = sorted(set(state) - set(expected))
-    if unexpected:
-        raise ValueError(f"unexpected tensor(s) in {source}: {', '.join(unexpected[:8])}")
-    plan: dict[str, Tensor] = {}
-    missing = []
-    for name, target in expected.items():
-        names = groups.get(name, (name,))
-        given = [n for n in names if n in state]
-        if not given:
-            missing.append(name)
-            continue
-        value = state[given[0]]
-        for other in given[1:]:
-            if state[other].shape != value.shape or not torch.equal(state[other], value):
-                raise ValueError(f"{source}: {given[0]} and {other} are one tied tensor in this model but differ")
-        if tuple(value.shape) != tuple(target.shape):
-            raise ValueError(f"shape mismatch for {given[0]} in {source}: expected {tuple(target.shape)}, "
-                             f"got {tuple(value.shape)}")
-        plan[name] = value
-    if missing:
-        raise ValueError(f"missing tensor(s) in {source}: {', '.join(missing[:8])}"
-                         + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
-    with torch.no_grad():
-        for name, value in plan.items():
-            expected[name].copy_(value)
-    return model
 
 
 # ---- config checks ------------------------------------------------------------------------------

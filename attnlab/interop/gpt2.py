@@ -2,12 +2,12 @@
 
 GPT-2 is a pre-LN decoder with learned positions, a final LayerNorm, tanh-GELU ("gelu_new")
 and an output projection tied to the token embedding. Its linear layers are `Conv1D`s, which
-store weights as (in, out): they are transposed; the fused `c_attn` (D, 3D) splits into
-q, k, v.
+store weights as (in, out): they are transposed; the fused `c_attn` (D, 3D) is attnlab's
+fused `qkv_proj` (same q | k | v order).
 
     transformer.wte / wpe          embed.token / embed.positions
     transformer.h.{i}.ln_1         layers.{i}.self_attn_block.norm
-    transformer.h.{i}.attn.c_attn  layers.{i}.self_attn.{q,k,v}_proj     (split, transposed)
+    transformer.h.{i}.attn.c_attn  layers.{i}.self_attn.qkv_proj         (transposed)
     transformer.h.{i}.attn.c_proj  layers.{i}.self_attn.out_proj         (transposed)
     transformer.h.{i}.ln_2         layers.{i}.ffn_block.norm
     transformer.h.{i}.mlp.c_fc     layers.{i}.ffn.w1                     (transposed)
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from attnlab.config import ModelConfig
-from attnlab.interop.common import (Conversion, Derived, copy_of, flat_config, fused_qkv, hf_get, rename, require,
+from attnlab.interop.common import (Conversion, Derived, copy_of, flat_config, hf_get, rename, require,
                                     transposed)
 
 FAMILY = "GPT-2"
@@ -101,12 +101,11 @@ def conversion(cfg: ModelConfig, architecture: str) -> Conversion:
     derived: list[Derived] = []
     for i in range(cfg.num_layers):
         h, o = f"{p}h.{i}.", f"layers.{i}."
-        qkv = tuple(f"{o}self_attn.{n}_proj" for n in "qkv")
         rules += [
             rename(f"{h}ln_1.weight", f"{o}self_attn_block.norm.weight"),
             rename(f"{h}ln_1.bias", f"{o}self_attn_block.norm.bias"),
-            fused_qkv(f"{h}attn.c_attn.weight", tuple(f"{n}.weight" for n in qkv), conv1d=True),
-            fused_qkv(f"{h}attn.c_attn.bias", tuple(f"{n}.bias" for n in qkv), conv1d=True),
+            transposed(f"{h}attn.c_attn.weight", f"{o}self_attn.qkv_proj.weight"),  # both fused q | k | v
+            rename(f"{h}attn.c_attn.bias", f"{o}self_attn.qkv_proj.bias"),
             transposed(f"{h}attn.c_proj.weight", f"{o}self_attn.out_proj.weight"),
             rename(f"{h}attn.c_proj.bias", f"{o}self_attn.out_proj.bias"),
             rename(f"{h}ln_2.weight", f"{o}ffn_block.norm.weight"),

@@ -10,10 +10,12 @@ before the projection (`lm_head_scale`).
 
     shared                                              decoder.embed.token (= encoder.embed.token)
     {enc,dec}oder.block.0.layer.0.SelfAttention.relative_attention_bias   {enc,dec}oder.position_bias
-    *.block.{i}.layer.0.SelfAttention.{q,k,v,o}        *.layers.{i}.self_attn.{q,k,v,out}_proj
+    *.block.{i}.layer.0.SelfAttention.{q,k,v} / o      *.layers.{i}.self_attn.qkv_proj (joined) / out_proj
     *.block.{i}.layer.0.layer_norm                      *.layers.{i}.self_attn_block.norm
-    decoder.block.{i}.layer.1.EncDecAttention / layer_norm   decoder.layers.{i}.cross_attn / _block.norm
-    *.block.{i}.layer.{-1}.DenseReluDense.{wi|wi_0, wi_1, wo}  *.layers.{i}.ffn.{w1, w3, w2}
+    decoder.block.{i}.layer.1.EncDecAttention.{q, {k,v}, o}  decoder.layers.{i}.cross_attn.{q_proj, kv_proj, out_proj}
+    decoder.block.{i}.layer.1.layer_norm                decoder.layers.{i}.cross_attn_block.norm
+    *.block.{i}.layer.{-1}.DenseReluDense.{wi, wo}      *.layers.{i}.ffn.{w1, w2}
+    *.block.{i}.layer.{-1}.DenseReluDense.{wi_0, wi_1}  *.layers.{i}.ffn.w13 (joined: gate | linear)
     *.block.{i}.layer.{-1}.layer_norm                   *.layers.{i}.ffn_block.norm
     {enc,dec}oder.final_layer_norm                      {enc,dec}oder.final_norm
     lm_head                                             decoder.head.proj (tied unless untied)
@@ -27,7 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from attnlab.config import ModelConfig
-from attnlab.interop.common import Conversion, Derived, copy_of, flat_config, hf_get, rename, require
+from attnlab.interop.common import Conversion, Derived, copy_of, flat_config, hf_get, joined, rename, require
 
 FAMILY = "T5"
 MODEL_TYPE = "t5"
@@ -106,22 +108,32 @@ def conversion(cfg: ModelConfig, architecture: str) -> Conversion:
     rules = [rename("shared.weight", "decoder.embed.token.weight")]
     derived = [copy_of(f"{s}.embed_tokens.weight", "shared.weight") for s in ("encoder", "decoder")]
     gated = _FF_TO_HF.get(cfg.activation, "").startswith("gated")
-    ffn = [("wi_0", "w1"), ("wi_1", "w3"), ("wo", "w2")] if gated else [("wi", "w1"), ("wo", "w2")]
-    attn = [("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "out_proj")]
+    inner = cfg.num_heads * cfg.resolved_head_dim
     for s, n in (("encoder", cfg.num_layers), ("decoder", cfg.resolved_decoder_layers)):
         rules.append(rename(f"{s}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
                             f"{s}.position_bias.weight"))
         for i in range(n):
             h, o = f"{s}.block.{i}.layer.", f"{s}.layers.{i}."
-            rules += [rename(f"{h}0.SelfAttention.{a}.weight", f"{o}self_attn.{b}.weight") for a, b in attn]
-            rules.append(rename(f"{h}0.layer_norm.weight", f"{o}self_attn_block.norm.weight"))
+            a = f"{h}0.SelfAttention."
+            rules += [joined((f"{a}q.weight", f"{a}k.weight", f"{a}v.weight"), f"{o}self_attn.qkv_proj.weight",
+                             (inner, inner, inner)),
+                      rename(f"{a}o.weight", f"{o}self_attn.out_proj.weight"),
+                      rename(f"{h}0.layer_norm.weight", f"{o}self_attn_block.norm.weight")]
             f = 1
             if s == "decoder":
-                rules += [rename(f"{h}1.EncDecAttention.{a}.weight", f"{o}cross_attn.{b}.weight") for a, b in attn]
-                rules.append(rename(f"{h}1.layer_norm.weight", f"{o}cross_attn_block.norm.weight"))
+                a = f"{h}1.EncDecAttention."
+                rules += [rename(f"{a}q.weight", f"{o}cross_attn.q_proj.weight"),
+                          joined((f"{a}k.weight", f"{a}v.weight"), f"{o}cross_attn.kv_proj.weight", (inner, inner)),
+                          rename(f"{a}o.weight", f"{o}cross_attn.out_proj.weight"),
+                          rename(f"{h}1.layer_norm.weight", f"{o}cross_attn_block.norm.weight")]
                 f = 2
-            rules += [rename(f"{h}{f}.DenseReluDense.{a}.weight", f"{o}ffn.{b}.weight") for a, b in ffn]
-            rules.append(rename(f"{h}{f}.layer_norm.weight", f"{o}ffn_block.norm.weight"))
+            d = f"{h}{f}.DenseReluDense."
+            if gated:
+                rules.append(joined((f"{d}wi_0.weight", f"{d}wi_1.weight"), f"{o}ffn.w13.weight", (cfg.d_ff, cfg.d_ff)))
+            else:
+                rules.append(rename(f"{d}wi.weight", f"{o}ffn.w1.weight"))
+            rules += [rename(f"{d}wo.weight", f"{o}ffn.w2.weight"),
+                      rename(f"{h}{f}.layer_norm.weight", f"{o}ffn_block.norm.weight")]
         rules.append(rename(f"{s}.final_layer_norm.weight", f"{s}.final_norm.weight"))
     if not cfg.tie_embeddings:
         rules.append(rename("lm_head.weight", "decoder.head.proj.weight"))

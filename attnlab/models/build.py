@@ -3,93 +3,66 @@
 from __future__ import annotations
 
 from functools import partial
+from typing import Callable
 
 import torch
 from torch import nn
 
-from attnlab.config import LONG_KERNELS, ModelConfig
+from attnlab.config import ModelConfig
 from attnlab.models.embeddings import Embeddings
 from attnlab.models.heads import (ClassificationHead, LMHead, MLMHead, NSPHead, Pooler, RegressionHead,
                                   TokenClassificationHead)
 from attnlab.models.transformer import Decoder, Encoder, EncoderDecoder
 from attnlab.nn.attention import MultiHeadAttention
-from attnlab.nn.layers import FeedForward, TransformerLayer, make_norm
-from attnlab.nn.linformer import LinformerKernel
-from attnlab.nn.positions import (ALiBi, BinaryPositions, LearnedPositions, RelativePositions, RotaryEmbedding,
-                                  SinusoidalPositions, T5RelativeBias)
+from attnlab.nn.kernels import KernelSetup, TokenIds, build_kernel, kernel_class
+from attnlab.nn.layers import FeedForward, TransformerLayer
+from attnlab.nn.norms import make_norm
+from attnlab.nn.positions import POSITION_SCHEMES, Sizes
 from attnlab.nn.scores import build_score
-from attnlab.nn.sparse import BigBirdKernel, LongformerKernel, SlidingWindowKernel
 
 
-def _absolute_positions(cfg: ModelConfig) -> nn.Module | None:
-    pos = cfg.position
-    if pos.scheme == "sinusoidal":
-        return SinusoidalPositions(cfg.d_model, layout=pos.sinusoidal_layout)
-    if pos.scheme == "learned":
-        return LearnedPositions(pos.max_len, cfg.d_model, offset=pos.learned_offset)
-    if pos.scheme == "binary":
-        return BinaryPositions(cfg.d_model, pos.max_len)
-    return None
+def _positions(cfg: ModelConfig, where: str, causal: bool = False) -> nn.Module | None:
+    """The position module the scheme places at `where` (`embeddings`, `bias`, `rotary`,
+    `relative`), or None when it acts elsewhere."""
+    scheme = POSITION_SCHEMES[cfg.position.scheme]
+    if scheme.where != where:
+        return None
+    return scheme.build(cfg.position, Sizes(cfg.d_model, cfg.num_heads, cfg.resolved_head_dim, causal))
 
 
-def _position_bias(cfg: ModelConfig, causal: bool) -> nn.Module | None:
-    pos = cfg.position
-    if pos.scheme == "alibi":
-        return ALiBi(cfg.num_heads)
-    if pos.scheme == "t5_bias":
-        return T5RelativeBias(cfg.num_heads, pos.t5_num_buckets, pos.t5_max_distance, bidirectional=not causal)
-    return None
-
-
-class _TokenFlags:
-    """Holds (B, T) bool flags `input_ids == global_token_id`, set by a hook on a stack's
-    embeddings before its layers run, read by that stack's Longformer kernels."""
-
-    def __init__(self, token_id: int):
-        self.token_id = token_id
-        self.value = None
-
-    def hook(self, module: nn.Module, args: tuple) -> None:
-        self.value = args[0] == self.token_id
-
-
-def _long_kernel(cfg: ModelConfig, layer: int, token_flags: _TokenFlags | None) -> nn.Module | None:
+def _token_ids(cfg: ModelConfig) -> TokenIds | None:
+    """A stack's input ids holder, when its kernel picks tokens by id (set by a hook on its embeddings)."""
     att = cfg.attention
-    if att.kernel == "sliding_window":
-        return SlidingWindowKernel(att.window)
-    if att.kernel == "longformer":
-        return LongformerKernel(att.window, att.global_positions, token_flags)
-    if att.kernel == "bigbird":
-        return BigBirdKernel(att.block_size, att.window_blocks, att.global_blocks, att.random_blocks,
-                             att.random_seed + layer)
-    if att.kernel == "linformer":
-        return LinformerKernel(att.linformer_max_len, att.linformer_k, cfg.num_heads, att.linformer_sharing)
-    return None
+    return TokenIds() if kernel_class(att.kernel).needs_token_ids(att.kernel_options) else None
 
 
 def _attention(cfg: ModelConfig, *, self_attention: bool, causal: bool = False, layer: int = 0,
-               token_flags: _TokenFlags | None = None) -> MultiHeadAttention:
-    att, pos, head_dim = cfg.attention, cfg.position, cfg.resolved_head_dim
-    long_kernel = _long_kernel(cfg, layer, token_flags) if self_attention else None
-    kernel = "auto" if att.kernel in LONG_KERNELS and not self_attention else att.kernel  # cross-attention
-    rotary = relative = None
-    if self_attention and pos.scheme == "rotary":
-        rotary = RotaryEmbedding(head_dim, pos.rotary_dim, pos.rotary_base)
-    if self_attention and pos.scheme == "relative":
-        relative = RelativePositions(head_dim, pos.relative_max_distance, values=pos.relative_values)
+               token_ids: TokenIds | None = None) -> MultiHeadAttention:
+    att, head_dim = cfg.attention, cfg.resolved_head_dim
+    name, options = att.kernel, att.kernel_options
+    if not self_attention and not kernel_class(name).supports.cross_attention:
+        name, options = "auto", None  # a self-attention-only kernel: cross-attention takes the default
+    # built first, then positions and score: the order their parameters draw their initial values in
+    kernel = build_kernel(name, options, KernelSetup(cfg.num_heads, head_dim, layer, token_ids))
+    positions = {}
+    if self_attention:
+        for where in ("rotary", "relative"):
+            module = _positions(cfg, where, causal)
+            if module is not None:
+                positions[where] = module
     score = build_score(att.score, cfg.num_heads, head_dim, cosine_temperature=att.cosine_temperature,
                         additive_dim=att.additive_dim)
     return MultiHeadAttention(cfg.d_model, cfg.num_heads, head_dim=head_dim, num_kv_heads=att.num_kv_heads,
-                              bias=att.bias, score=score, kernel=kernel, dropout=att.dropout,
-                              rotary=rotary, relative=relative, long_kernel=long_kernel, causal=causal)
+                              bias=att.bias, score=score, kernel=kernel, dropout=att.dropout, causal=causal,
+                              cross_attention=not self_attention, **positions)
 
 
 def _layers(cfg: ModelConfig, n: int, *, cross: bool, causal: bool = False,
-            token_flags: _TokenFlags | None = None) -> list[TransformerLayer]:
+            token_ids: TokenIds | None = None) -> list[TransformerLayer]:
     norm = partial(make_norm, cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
     return [
         TransformerLayer(
-            _attention(cfg, self_attention=True, causal=causal, layer=i, token_flags=token_flags),
+            _attention(cfg, self_attention=True, causal=causal, layer=i, token_ids=token_ids),
             FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, bias=cfg.ffn_bias),
             cross_attn=_attention(cfg, self_attention=False) if cross else None,
             make_norm=norm, placement=cfg.norm_placement, dropout=cfg.dropout,
@@ -98,14 +71,9 @@ def _layers(cfg: ModelConfig, n: int, *, cross: bool, causal: bool = False,
     ]
 
 
-def _token_flags(cfg: ModelConfig) -> _TokenFlags | None:
-    att = cfg.attention
-    return _TokenFlags(att.global_token_id) if att.kernel == "longformer" and att.global_token_id is not None else None
-
-
 def _embeddings(cfg: ModelConfig, token: nn.Embedding) -> Embeddings:
     norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias) if cfg.embedding_norm else None
-    return Embeddings(token, positions=_absolute_positions(cfg), scale=cfg.embedding_scale,
+    return Embeddings(token, positions=_positions(cfg, "embeddings"), scale=cfg.embedding_scale,
                       type_vocab_size=cfg.type_vocab_size, norm=norm, dropout=cfg.dropout)
 
 
@@ -113,20 +81,30 @@ def _final_norm(cfg: ModelConfig) -> nn.Module | None:
     return make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias) if cfg.final_norm else None
 
 
-def _head(cfg: ModelConfig, token: nn.Embedding) -> nn.Module | None:
+def _lm_head(cfg: ModelConfig, token: nn.Embedding) -> nn.Module:
     tied = token if cfg.tie_embeddings else None
-    if cfg.head == "lm":
-        return LMHead(cfg.d_model, cfg.vocab_size, bias=cfg.lm_head_bias, tied=tied, scale=cfg.lm_head_scale)
-    if cfg.head == "mlm":
-        norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
-        return MLMHead(cfg.d_model, cfg.vocab_size, activation=cfg.activation, norm=norm, tied=tied)
-    if cfg.head == "classification":
-        return ClassificationHead(cfg.d_model, cfg.num_labels, cfg.dropout)
-    if cfg.head == "token_classification":
-        return TokenClassificationHead(cfg.d_model, cfg.num_labels, cfg.dropout)
-    if cfg.head == "regression":
-        return RegressionHead(cfg.d_model, cfg.dropout)
-    return None
+    return LMHead(cfg.d_model, cfg.vocab_size, bias=cfg.lm_head_bias, tied=tied, scale=cfg.lm_head_scale)
+
+
+def _mlm_head(cfg: ModelConfig, token: nn.Embedding) -> nn.Module:
+    norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
+    return MLMHead(cfg.d_model, cfg.vocab_size, activation=cfg.activation, norm=norm,
+                   tied=token if cfg.tie_embeddings else None)
+
+
+# `ModelConfig.head` -> (config, token embedding) -> the head on the last hidden state, or None
+HEADS: dict[str, Callable[[ModelConfig, nn.Embedding], nn.Module | None]] = {
+    "none": lambda cfg, token: None,
+    "lm": _lm_head,
+    "mlm": _mlm_head,
+    "classification": lambda cfg, token: ClassificationHead(cfg.d_model, cfg.num_labels, cfg.dropout),
+    "token_classification": lambda cfg, token: TokenClassificationHead(cfg.d_model, cfg.num_labels, cfg.dropout),
+    "regression": lambda cfg, token: RegressionHead(cfg.d_model, cfg.dropout),
+}
+
+
+def _head(cfg: ModelConfig, token: nn.Embedding) -> nn.Module | None:
+    return HEADS[cfg.head](cfg, token)
 
 
 def init_weights(model: nn.Module, std: float) -> None:
@@ -170,32 +148,31 @@ def build_model(config: ModelConfig) -> nn.Module:
         return _build_rnn(cfg)
     token = nn.Embedding(cfg.vocab_size, cfg.d_model)
     if cfg.arch == "decoder":
-        flags = _token_flags(cfg)
-        model = Decoder(_embeddings(cfg, token), _layers(cfg, cfg.num_layers, cross=False, causal=True,
-                                                         token_flags=flags),
-                        final_norm=_final_norm(cfg), position_bias=_position_bias(cfg, causal=True),
+        ids = _token_ids(cfg)
+        model = Decoder(_embeddings(cfg, token), _layers(cfg, cfg.num_layers, cross=False, causal=True, token_ids=ids),
+                        final_norm=_final_norm(cfg), position_bias=_positions(cfg, "bias", causal=True),
                         head=_head(cfg, token), classifier_pooling=cfg.classifier_pooling)
     elif cfg.arch == "encoder":
-        flags = _token_flags(cfg)
-        model = Encoder(_embeddings(cfg, token), _layers(cfg, cfg.num_layers, cross=False, token_flags=flags),
-                        final_norm=_final_norm(cfg), position_bias=_position_bias(cfg, causal=False),
+        ids = _token_ids(cfg)
+        model = Encoder(_embeddings(cfg, token), _layers(cfg, cfg.num_layers, cross=False, token_ids=ids),
+                        final_norm=_final_norm(cfg), position_bias=_positions(cfg, "bias"),
                         head=_head(cfg, token), classifier_pooling=cfg.classifier_pooling,
                         pooler=Pooler(cfg.d_model) if cfg.pooler else None,
                         nsp_head=NSPHead(cfg.d_model) if cfg.nsp_head else None)
     else:
         src_token = token if cfg.share_embeddings else nn.Embedding(cfg.resolved_src_vocab_size, cfg.d_model)
-        flags, dec_flags = _token_flags(cfg), _token_flags(cfg)
-        encoder = Encoder(_embeddings(cfg, src_token), _layers(cfg, cfg.num_layers, cross=False, token_flags=flags),
-                          final_norm=_final_norm(cfg), position_bias=_position_bias(cfg, causal=False))
+        ids, dec_ids = _token_ids(cfg), _token_ids(cfg)
+        encoder = Encoder(_embeddings(cfg, src_token), _layers(cfg, cfg.num_layers, cross=False, token_ids=ids),
+                          final_norm=_final_norm(cfg), position_bias=_positions(cfg, "bias"))
         decoder = Decoder(_embeddings(cfg, token), _layers(cfg, cfg.resolved_decoder_layers, cross=True, causal=True,
-                                                           token_flags=dec_flags),
-                          final_norm=_final_norm(cfg), position_bias=_position_bias(cfg, causal=True),
+                                                           token_ids=dec_ids),
+                          final_norm=_final_norm(cfg), position_bias=_positions(cfg, "bias", causal=True),
                           head=_head(cfg, token))
         model = EncoderDecoder(encoder, decoder)
-    stacks = [(model.encoder, flags), (model.decoder, dec_flags)] if cfg.arch == "encoder_decoder" else [(model, flags)]
-    for stack, stack_flags in stacks:
-        if stack_flags is not None:  # longformer's global_token_id: flag the ids before the layers run
-            stack.embed.register_forward_pre_hook(stack_flags.hook)
+    stacks = [(model.encoder, ids), (model.decoder, dec_ids)] if cfg.arch == "encoder_decoder" else [(model, ids)]
+    for stack, stack_ids in stacks:
+        if stack_ids is not None:  # a kernel picks tokens by id: record the ids before the layers run
+            stack.embed.register_forward_pre_hook(stack_ids.hook)
     if not any(p.is_meta for p in model.parameters()):
         with torch.no_grad():
             init_weights(model, cfg.init_std)

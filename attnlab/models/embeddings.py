@@ -32,7 +32,9 @@ class Embeddings(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, input_ids: Tensor, position_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
-        h = self.token(input_ids) * self.scale  # (B, T, D)
+        h = self.token(input_ids)  # (B, T, D)
+        if self.scale != 1.0:
+            h = h * self.scale
         if self.positions is not None:
             h = h + self.positions(position_ids).to(h.dtype)
         if self.segment is not None:
@@ -42,4 +44,9 @@ class Embeddings(nn.Module):
             raise ValueError("token_type_ids given, but the model has no segment embeddings (type_vocab_size=0)")
         if self.norm is not None:
             h = self.norm(h)
-        return self.dropout(h)
+        return self.dropout(h) if self.training else h  # no call at inference (a decoding step)
+
+    def step(self, tokens: Tensor, positions: Tensor) -> Tensor:
+        """`forward` for one new token per row while decoding: tokens (N,), positions (N, 1) -> (N, D)
+        (segment 0, as `forward` without token_type_ids)."""
+        return self(tokens[:, None], positions)[:, 0]

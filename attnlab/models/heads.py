@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from attnlab.nn.layers import activation_fn
+from attnlab.nn.activations import activation_fn
+from attnlab.nn.linear import project_few_rows
 
 
 def pool(hidden: Tensor, attention_mask: Tensor | None, how: str) -> Tensor:
@@ -53,10 +54,27 @@ class LMHead(nn.Module):
         if tied is not None:
             self.proj.weight = tied.weight
 
+    @property
+    def output_weight(self) -> Tensor:
+        """The (V, D) output matrix (the token embedding when tied); with `transform`, what a
+        fused loss needs (`training.steps`)."""
+        return self.proj.weight
+
+    @property
+    def output_bias(self) -> Tensor | None:
+        return self.proj.bias
+
+    def transform(self, hidden: Tensor) -> Tensor:
+        """The hidden states as they meet the output matrix: s h."""
+        return hidden * self.scale if self.scale != 1.0 else hidden
+
     def forward(self, hidden: Tensor) -> Tensor:
-        if self.scale != 1.0:
-            hidden = hidden * self.scale
-        return self.proj(hidden)  # (B, T, V)
+        return self.proj(self.transform(hidden))  # (B, T, V)
+
+    def step(self, hidden: Tensor) -> Tensor:
+        """`forward` for the last hidden state of each row while decoding: (N, D) -> (N, V),
+        through the inference layout of the output matrix (`attnlab.nn.linear`)."""
+        return project_few_rows(self.proj, self.transform(hidden))
 
 
 class MLMHead(nn.Module):
@@ -72,8 +90,22 @@ class MLMHead(nn.Module):
         if tied is not None:
             self.decoder.weight = tied.weight
 
+    @property
+    def output_weight(self) -> Tensor:
+        """The (V, D) output matrix (the token embedding when tied); with `transform`, what a
+        fused loss needs (`training.steps`)."""
+        return self.decoder.weight
+
+    @property
+    def output_bias(self) -> Tensor | None:
+        return self.decoder.bias
+
+    def transform(self, hidden: Tensor) -> Tensor:
+        """BERT's prediction transform: norm(act(dense(h))), (..., D) -> (..., D)."""
+        return self.norm(self.act(self.dense(hidden)))
+
     def forward(self, hidden: Tensor) -> Tensor:
-        return self.decoder(self.norm(self.act(self.dense(hidden))))  # (B, T, V)
+        return self.decoder(self.transform(hidden))  # (B, T, V)
 
 
 class NSPHead(nn.Module):

@@ -19,8 +19,9 @@ from torch import Tensor, nn
 from attnlab.models.embeddings import Embeddings
 from attnlab.models.heads import ClassificationHead, pool
 from attnlab.nn.layers import TransformerLayer
-from attnlab.nn.kv_cache import KVCache
+from attnlab.nn.kv_cache import KVCache, Step
 from attnlab.nn.masks import causal_mask, padding_mask, positions_from_mask, prefix_lm_mask
+from attnlab.nn.norms import apply_norm
 
 
 def _check_ids(name: str, ids: Tensor, vocab_size: int) -> tuple[int, int]:
@@ -33,6 +34,20 @@ def _check_ids(name: str, ids: Tensor, vocab_size: int) -> tuple[int, int]:
     if lo < 0 or hi >= vocab_size:
         raise ValueError(f"{name} holds ids outside the vocabulary [0, {vocab_size}): min {lo}, max {hi}")
     return ids.shape[0], ids.shape[1]
+
+
+def _share_rotary(layers: list[TransformerLayer]) -> None:
+    """Let layers with equal rotary embeddings share one module (it holds no state-dict tensor),
+    so that a decoding step computes the rotation of its position once, not once per layer."""
+    rotary = [layer.self_attn.rotary for layer in layers if getattr(layer.self_attn, "rotary", None) is not None]
+    if not rotary or any(r.inv_freq.is_meta for r in rotary):
+        return
+    first = rotary[0]
+    for layer in layers:
+        r = layer.self_attn.rotary
+        if r is not None and r is not first and type(r) is type(first) and r.rotary_dim == first.rotary_dim \
+                and torch.equal(r.inv_freq, first.inv_freq):
+            layer.self_attn.rotary = first
 
 
 class TransformerStack(nn.Module):
@@ -50,9 +65,9 @@ class TransformerStack(nn.Module):
         self.position_bias = position_bias  # ALiBi / T5 bias, computed once, shared by all layers
         self.head = head
         self.classifier_pooling = classifier_pooling
-        # long-input kernels apply causality themselves: a decoder then needs no dense (T, T) mask
-        self.kernel_is_causal = self.causal and any(
-            getattr(layer.self_attn, "long_kernel", None) is not None for layer in self.layers)
+        # kernels with a sparse pattern apply causality themselves: a decoder then needs no dense (T, T) mask
+        self.kernel_is_causal = self.causal and any(layer.self_attn.kernel.supports.pattern for layer in self.layers)
+        _share_rotary(self.layers)
 
     @property
     def vocab_size(self) -> int:
@@ -109,6 +124,41 @@ class TransformerStack(nn.Module):
             h = layer(h, mask, bias=bias, positions=position_ids, key_positions=key_positions, memory=memory,
                       memory_mask=cross_mask, cache=cache.layer(i) if cache is not None else None)
         return self.final_norm(h) if self.final_norm is not None else h
+
+    def step(self, tokens: Tensor, cache: KVCache, *, attention_mask: Tensor | None = None,
+             memory: Tensor | None = None, memory_mask: Tensor | None = None) -> Tensor:
+        """The decoding fast path of `features`: one new token per row after the tokens the
+        cache holds -> its last hidden state (N, D).
+
+        The same modules as `features`, without what one new token does not need: no id, shape
+        or capacity checks but one, the positions continued from the cache, the mask and the
+        position bias built once for all layers, activations (N, D) and weights in their
+        inference layout (`attnlab.nn.linear`).
+
+        Args:
+            tokens: (N,) the new tokens.
+            cache: the KVCache that `features(..., cache=cache)` filled with the prompt.
+            attention_mask: (N, L) True on real tokens so far (cached + new), or None when
+                none is padding.
+            memory: (N, S, D) the encoder output, inside an encoder-decoder (its keys/values
+                were cached by the prompt's `features`).
+            memory_mask: (N, 1, 1, S) bool source mask of the cross-attention (`padding_mask`
+                of the source's (N, S) mask, built once per generation), or None.
+
+        Raises:
+            ValueError: the cache is full or empty.
+        """
+        positions, key_positions = cache.advance()  # (N, 1), (N, L)
+        x = self.embed.step(tokens, positions)  # (N, D)
+        mask = padding_mask(attention_mask) if attention_mask is not None else None  # (N, 1, 1, L)
+        bias = None
+        if self.position_bias is not None:  # one float mask: the bias, -inf on padded keys
+            bias = self.position_bias(positions, key_positions).to(x.dtype)  # (N, H, 1, L)
+            bias, mask = (bias if mask is None else torch.where(mask, bias, float("-inf"))), None
+        step = Step(key_positions.shape[1], positions, key_positions, mask, bias, memory, memory_mask)
+        for layer, kv in zip(self.layers, cache.layers):
+            x = layer.step(x, kv, step)
+        return apply_norm(self.final_norm, x) if self.final_norm is not None else x
 
     def apply_head(self, hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
         if self.head is None:

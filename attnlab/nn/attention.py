@@ -1,31 +1,43 @@
-"""Multi-head attention: projections around a score function and a kernel.
+"""Multi-head attention: projections and positions around a score function and a kernel.
 
 Notation: B batch, Tq/Tk query/key lengths, D d_model, H query heads, G key/value heads
 (G = H: multi-head; 1 < G < H: grouped-query; G = 1: multi-query), Dh head_dim.
 
-    x (B, Tq, D) --q_proj--> (B, H, Tq, Dh) ---.
-    context (B, Tk, D) --k_proj, v_proj--> (B, G, Tk, Dh), shared by H/G query heads each
-                                              `--> softmax(f(q, k) + bias, mask) v --out_proj--> (B, Tq, D)
+    self-attention:   x (B, Tq, D) --qkv_proj--> q (B, H, Tq, Dh) | k, v (B, G, Tq, Dh)  ---.
+    cross-attention:  x (B, Tq, D) --q_proj--> q;  context (B, Tk, D) --kv_proj--> k | v  ---|
+            `--> kernel: softmax(f(q, k) + bias, mask) v, each k/v head shared by H/G query heads
+                 --out_proj--> (B, Tq, D)
 
-Self-attention passes no `context` (keys and values come from x); cross-attention passes
-the encoder output. The mask is bool, True = may attend, broadcastable to (B, H, Tq, Tk).
+The projections that read the same input are one fused Linear (litgpt's `qkv`): x is read
+once and a decoding step makes one matrix product instead of three. The output columns of
+`qkv_proj` are q's H heads, then k's G, then v's G (Dh each); `kv_proj` holds k's, then v's.
+A self-attention module (the default) takes no `context`; one built with cross_attention=True
+attends from x to the `context` it is given (the encoder output). The mask is bool, True =
+may attend, broadcastable to (B, H, Tq, Tk).
 
-Long-input kernels (`sliding_window`, `longformer`, `bigbird`, `linformer`; attnlab.nn.sparse,
-attnlab.nn.linformer) are injected as `long_kernel` and used for self-attention; `causal` says
-whether the layer is a decoder's. They compute the pattern blockwise and AND it with the mask
-given (padding, the decoder's causal mask). With a KV cache or need_weights=True, the sparse
-patterns fall back to the dense kernels with the pattern as a bool mask over the keys so far
-(same results; cost O(Tq * Tk) per call); Linformer refuses a cache (it is encoder-only).
+`step` is the decoding fast path of `forward` for one new token per row: the same projections
+(through their inference layout, `attnlab.nn.linear`) and the same kernel call, with the mask,
+positions and rotation shared by all layers (`attnlab.nn.kv_cache.Step`).
+
+The kernel (`attnlab.nn.kernels`) is picked once, at construction: a dot-product-shaped score
+without a relative values term goes through the kernel's call (`_kernel_call`); any other score
+or Shaw et al.'s values term takes the generic scoring path (`_scored`: any f(q, k), the eager
+softmax, the values term). A call the kernel cannot do, as its `supports` says (a KV cache, the
+weights), takes the dense reference instead: the scoring path with the kernel's sparse pattern
+(`dense_mask`, if any) as a bool mask over the keys so far; same results, O(Tq * Tk) per call.
 """
 
 from __future__ import annotations
 
-import torch.nn.functional as F
+from functools import partial
+
+import torch
 from torch import Tensor, nn
 
-from attnlab.nn.kernels import attention_weights, sdpa_attention
-from attnlab.nn.kv_cache import LayerKV
-from attnlab.nn.linformer import LinformerKernel
+from attnlab.nn.kernels import Kernel, KernelSetup, build_kernel, eager_attention
+from attnlab.nn.kernels.base import repeat_kv
+from attnlab.nn.kv_cache import LayerKV, Step
+from attnlab.nn.linear import project
 from attnlab.nn.positions import RelativePositions, RotaryEmbedding
 from attnlab.nn.scores import ScaledDot, ScoreFunction
 
@@ -40,61 +52,94 @@ class MultiHeadAttention(nn.Module):
         num_kv_heads: key/value heads G (must divide H); default H.
         bias: biases on the four projections.
         score: the score function; default `ScaledDot()`.
-        kernel: `auto` (fused whenever possible), `eager` or `sdpa`.
+        kernel: a registered kernel name (built with its default options), or a built `Kernel`
+            (`attnlab.nn.kernels.build_kernel`); `auto` resolves here to the fused kernel or eager.
         dropout: dropout on the attention weights while training.
         rotary: rotate q and k by position (self-attention only).
         relative: Shaw et al. relative position terms (self-attention only).
-        kv_dim: width of `context` when it differs from d_model.
-        long_kernel: the module computing a long-input kernel (`SlidingWindowKernel`,
-            `LongformerKernel`, `BigBirdKernel`, `LinformerKernel`); required for those kernels.
-        causal: this is a decoder's self-attention (the long kernels need to know; for the others
-            causality stays the mask's business).
+        kv_dim: width of `context` when it differs from d_model (cross-attention).
+        cross_attention: attend to a `context` (q from x, k and v from the context: `q_proj`
+            and a fused `kv_proj`); default self-attention (one fused `qkv_proj`).
+        causal: this is a decoder's self-attention (kernels whose pattern applies causality read
+            it; for the others causality stays the mask's business).
+
+    Raises:
+        ValueError: num_kv_heads not dividing num_heads, an unknown kernel, a kernel that
+            cannot compute the score or the relative values term, or positions (rotary,
+            relative) or kv_dim given to the wrong kind of attention.
     """
 
     def __init__(self, d_model: int, num_heads: int, *, head_dim: int | None = None,
                  num_kv_heads: int | None = None, bias: bool = True, score: ScoreFunction | None = None,
-                 kernel: str = "auto", dropout: float = 0.0, rotary: RotaryEmbedding | None = None,
+                 kernel: str | Kernel = "auto", dropout: float = 0.0, rotary: RotaryEmbedding | None = None,
                  relative: RelativePositions | None = None, kv_dim: int | None = None,
-                 long_kernel: nn.Module | None = None, causal: bool = False):
+                 cross_attention: bool = False, causal: bool = False):
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = head_dim or d_model // num_heads
         self.num_kv_heads = num_kv_heads or num_heads
         if num_heads % self.num_kv_heads:
             raise ValueError(f"num_kv_heads={self.num_kv_heads} must divide num_heads={num_heads}")
-        long_names = ("sliding_window", "longformer", "bigbird", "linformer")
-        if kernel not in ("auto", "eager", "sdpa", *long_names):
-            raise ValueError(f"kernel={kernel!r} is not one of auto, eager, sdpa, {', '.join(long_names)}")
-        if (kernel in long_names) != (long_kernel is not None):
-            raise ValueError(f"kernel={kernel!r} and long_kernel={type(long_kernel).__name__}: the long-input "
-                             "kernels need their module as long_kernel, the others none")
-        if long_kernel is not None and not (score or ScaledDot()).fused:
-            raise ValueError(f"kernel={kernel!r} needs a dot-product-shaped score, got {type(score).__name__}")
-        if long_kernel is not None and relative is not None and relative.value_table is not None:
-            raise ValueError(f"kernel={kernel!r} cannot add Shaw relative embeddings to the values")
         self.score = score if score is not None else ScaledDot()
-        if kernel == "sdpa" and not self.score.fused:
-            raise ValueError(f"kernel='sdpa' cannot compute score {type(self.score).__name__}")
+        values_term = relative is not None and relative.value_table is not None
+        if isinstance(kernel, str):
+            kernel = build_kernel(kernel, setup=KernelSetup(num_heads, self.head_dim))
+        kernel = kernel.resolve(fused_score=self.score.fused, value_term=values_term)
+        if not kernel.supports.any_score and not self.score.fused:
+            raise ValueError(f"kernel={kernel.name!r} needs a dot-product-shaped score, "
+                             f"got {type(self.score).__name__}")
+        if values_term and not kernel.supports.value_term:
+            raise ValueError(f"kernel={kernel.name!r} cannot add Shaw relative embeddings to the values")
         self.kernel = kernel
-        self.long_kernel = long_kernel
+        self._supports = kernel.supports  # read on every call: a plain attribute, not a submodule look-up
+        # a dot-product-shaped score goes through the kernel; any other, or a values term, is scored here
+        self._attend = self._kernel_call if self.score.fused and not values_term else self._scored
         self.causal = causal
         self.dropout = dropout
         self.rotary = rotary
         self.relative = relative
-        kv_dim = kv_dim or d_model
-        self.q_proj = nn.Linear(d_model, num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(kv_dim, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(kv_dim, self.num_kv_heads * self.head_dim, bias=bias)
-        self.out_proj = nn.Linear(num_heads * self.head_dim, d_model, bias=bias)
+        q_width, kv_width = num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        if cross_attention:
+            if rotary is not None or relative is not None:
+                raise ValueError("rotary and relative positions apply to self-attention, not cross_attention=True")
+            self.qkv_proj = None
+            self.q_proj = nn.Linear(d_model, q_width, bias=bias)
+            self.kv_proj = nn.Linear(kv_dim or d_model, 2 * kv_width, bias=bias)
+        else:
+            if kv_dim not in (None, d_model):
+                raise ValueError(f"kv_dim={kv_dim} applies to cross_attention=True (self-attention reads x, width "
+                                 f"d_model={d_model})")
+            self.qkv_proj = nn.Linear(d_model, q_width + 2 * kv_width, bias=bias)
+            self.q_proj = self.kv_proj = None
+        self.out_proj = nn.Linear(q_width, d_model, bias=bias)
 
-    def _heads(self, x: Tensor, proj: nn.Linear, n: int) -> Tensor:
-        B, T, _ = x.shape
-        return proj(x).view(B, T, n, self.head_dim).transpose(1, 2)  # (B, n, T, Dh)
+    def _heads(self, y: Tensor, n: int) -> Tensor:
+        """A projection's output (B, T, n Dh) -> (B, n, T, Dh)."""
+        B, T, _ = y.shape
+        return y.view(B, T, n, self.head_dim).transpose(1, 2)
 
     def uses_fused_kernel(self, need_weights: bool = False) -> bool:
         """Whether a forward call takes PyTorch's fused kernel."""
-        values_term = self.relative is not None and self.relative.value_table is not None
-        return self.kernel != "eager" and self.score.fused and not need_weights and not values_term
+        s = self.kernel.supports
+        return s.fused and self._attend == self._kernel_call and (s.weights or not need_weights)
+
+    def upgrade_state(self, state: dict[str, Tensor], prefix: str) -> None:
+        """Rename, in place, the tensors of a checkpoint saved by an older layout: a long-input
+        kernel held as `long_kernel` (with its own parameters) is `kernel` now; separate
+        q_proj, k_proj, v_proj are the fused `qkv_proj` (self-attention) or q_proj and a fused
+        `kv_proj` (cross-attention)."""
+        old = f"{prefix}long_kernel."
+        for name in [n for n in state if n.startswith(old)]:
+            state[f"{prefix}kernel.{name[len(old):]}"] = state.pop(name)
+        fused, parts = ("qkv_proj", "qkv") if self.qkv_proj is not None else ("kv_proj", "kv")
+        for t in ("weight", "bias"):
+            names = [f"{prefix}{p}_proj.{t}" for p in parts]
+            if all(n in state for n in names):
+                state[f"{prefix}{fused}.{t}"] = torch.cat([state.pop(n) for n in names])
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        self.upgrade_state(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None, *,
                 bias: Tensor | None = None, q_pos: Tensor | None = None, k_pos: Tensor | None = None,
@@ -106,86 +151,128 @@ class MultiHeadAttention(nn.Module):
             bias: additive float scores (ALiBi, T5), broadcastable to (B, H, Tq, Tk).
             q_pos, k_pos: position ids (B or 1, T) for rotary and relative schemes; with a cache,
                 k_pos covers every key (cached and new), q_pos the new queries.
-            need_weights: also return the attention weights (forces the eager kernel).
+            need_weights: also return the attention weights (a kernel that cannot return them
+                takes the dense reference for this call).
             cache: decoding state; self-attention appends the new keys and values to it,
                 cross-attention projects the context once and reuses it.
 
         Returns:
             (output (B, Tq, D), weights (B, H, Tq, Tk) or None).
+
+        Raises:
+            ValueError: missing position ids, or a call the kernel cannot do (cross-attention with a
+                self-attention-only kernel; a cache with a kernel that has no dense equivalent).
         """
         B, Tq, _ = x.shape
+        H, G = self.num_heads, self.num_kv_heads
         if (self.rotary is not None or self.relative is not None) and (q_pos is None or k_pos is None):
             raise ValueError("rotary and relative positions need q_pos and k_pos")
-        q = self._heads(x, self.q_proj, self.num_heads)  # (B, H, Tq, Dh)
-        if self.rotary is not None:
-            q = self.rotary.rotate(q, q_pos)
-        if context is not None and cache is not None and cache.cross_k is not None:
-            k, v = cache.cross_k, cache.cross_v  # the source was projected at the first step
-        else:
-            kv_in = x if context is None else context
-            k = self._heads(kv_in, self.k_proj, self.num_kv_heads)  # (B, G, Tk, Dh)
-            v = self._heads(kv_in, self.v_proj, self.num_kv_heads)
+        if self.qkv_proj is not None:
+            if context is not None:
+                raise ValueError("this MultiHeadAttention is a self-attention: it takes no context "
+                                 "(build it with cross_attention=True to attend to one)")
+            q, k, v = self._heads(self.qkv_proj(x), H + 2 * G).split([H, G, G], dim=1)  # (B, H | G | G, Tq, Dh)
             if self.rotary is not None:
-                k = self.rotary.rotate(k, k_pos[:, -k.shape[2]:])  # new keys are the last ones
-            if cache is not None and context is not None:
-                cache.cross_k, cache.cross_v = k, v
-            elif cache is not None:
+                q = self.rotary.rotate(q, q_pos)
+                k = self.rotary.rotate(k, k_pos[:, -Tq:])  # new keys are the last ones
+            if cache is not None:
                 k, v = cache.append(k, v)  # (B, G, past + Tq, Dh)
-        rel_index = None
+        else:
+            if context is None:
+                raise ValueError("this MultiHeadAttention is a cross-attention: pass the context (the encoder output)")
+            if not self.kernel.supports.cross_attention:
+                raise ValueError(f"kernel={self.kernel.name!r} is for self-attention; cross-attention takes another")
+            q = self._heads(self.q_proj(x), H)  # (B, H, Tq, Dh)
+            if cache is not None and cache.cross_k is not None:
+                k, v = cache.cross_k, cache.cross_v  # the source was projected at the first step
+            else:
+                k, v = self._heads(self.kv_proj(context), 2 * G).split([G, G], dim=1)  # (B, G, Tk, Dh)
+                if cache is not None:
+                    cache.cross_k, cache.cross_v = k, v
+        out, weights = self._attention(q, k, v, mask, bias, q_pos, k_pos, need_weights, cache is not None)
+        out = out.transpose(1, 2).reshape(B, Tq, H * self.head_dim)
+        return self.out_proj(out), weights
+
+    def step(self, x: Tensor, kv: LayerKV, step: Step) -> Tensor:
+        """`forward` for one new token per row while decoding: x (N, D) -> (N, D).
+
+        Self-attention writes the new key/value into `kv` at column step.length - 1 and attends
+        over the keys so far with `step`'s mask, bias and positions; cross-attention attends over
+        the source keys/values the prompt's `forward` projected. A module with hooks takes its
+        own `forward` (with the cache), so that the hooks see the call.
+        """
+        if self._forward_hooks or self._forward_pre_hooks:
+            if self.qkv_proj is None:
+                return self(x[:, None], step.memory, mask=step.memory_mask, cache=kv)[0][:, 0]
+            return self(x[:, None], mask=step.mask, bias=step.bias, q_pos=step.positions, k_pos=step.key_positions,
+                        cache=kv)[0][:, 0]
+        N, H, G, Dh = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
+        qkv_proj = self.qkv_proj
+        if qkv_proj is not None:
+            qkv = project(qkv_proj, x).view(N, H + 2 * G, 1, Dh)
+            q, k, v = qkv.narrow(1, 0, H), qkv.narrow(1, H, G), qkv.narrow(1, H + G, G)  # (N, H | G | G, 1, Dh)
+            rotary = self.rotary
+            if rotary is not None:
+                cos, sin = step.rotation(rotary, x.dtype)  # once per step for the whole stack
+                q, k = rotary.apply_rotation(q, cos, sin), rotary.apply_rotation(k, cos, sin)
+            k, v = kv.write(k, v, step.length)  # (N, G, L, Dh)
+            out, _ = self._attention(q, k, v, step.mask, step.bias, step.positions, step.key_positions, False, True)
+        else:
+            q = project(self.q_proj, x).view(N, H, 1, Dh)
+            out, _ = self._attention(q, kv.cross_k, kv.cross_v, step.memory_mask, None, None, None, False, True)
+        return project(self.out_proj, out.reshape(N, H * Dh))
+
+    def _attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
+                   q_pos: Tensor | None, k_pos: Tensor | None, need_weights: bool,
+                   cached: bool) -> tuple[Tensor, Tensor | None]:
+        """Heads after projection and positions -> (out (B, H, Tq, Dh), weights or None): Shaw's
+        relative terms, then the kernel, or the dense reference for a call it cannot do."""
+        values = None
         if self.relative is not None:
             rel_index = self.relative.distance_index(q_pos, k_pos)
             rel_bias = self.relative.score_bias(q, rel_index, self.head_dim**-0.5)
             bias = rel_bias if bias is None else bias + rel_bias
+            if self.relative.value_table is not None:
+                values = partial(self.relative.value_term, index=rel_index)
         dropout_p = self.dropout if self.training else 0.0
+        s = self._supports
+        unsupported = ("a KV cache" if cached and not s.kv_cache
+                       else "need_weights=True" if need_weights and not s.weights else None)
+        if unsupported is None:
+            return self._attend(q, k, v, mask, bias, dropout_p, need_weights, values)
+        if s.dense_reference:
+            return self._scored(q, k, v, self._with_pattern(mask, q, k), bias, dropout_p, need_weights, values)
+        raise ValueError(f"attention.kernel={self.kernel.name!r} cannot run with {unsupported} and has no "
+                         "dense equivalent to fall back on (it is for encoders, without a cache)")
 
-        if self.long_kernel is not None and context is None:
-            long = self._long_attention(q, k, v, mask, bias, dropout_p, need_weights, cache)
-            if long is not None:
-                out, weights = long
-                out = out.transpose(1, 2).reshape(B, Tq, self.num_heads * self.head_dim)
-                return self.out_proj(out), weights
-            # a cache or need_weights: the dense kernels below, with the pattern as a mask
-            Tk = k.shape[2]
-            pattern = self.long_kernel.dense_mask(Tk, self.causal, device=q.device, batch=B)
-            pattern = pattern[..., Tk - Tq:, :]  # the rows of the new queries
-            if pattern.dim() == 2:
-                pattern = pattern[None, None]
-            mask = pattern if mask is None else mask & pattern
-        if self.uses_fused_kernel(need_weights):
-            qs, ks, scale = self.score.prepare(q, k)
-            out = sdpa_attention(qs, ks, v, scale=scale, mask=mask, bias=bias, dropout_p=dropout_p,
-                                 enable_gqa=self.num_kv_heads != self.num_heads)
-            weights = None
-        else:
-            if self.num_kv_heads != self.num_heads:  # each key/value head serves H/G query heads
-                k = k.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
-                v = v.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
-            scores = self.score(q, k)
-            if bias is not None:
-                scores = scores + bias.to(scores.dtype)
-            weights = attention_weights(scores, mask)  # (B, H, Tq, Tk)
-            dropped = F.dropout(weights, dropout_p) if dropout_p else weights
-            out = dropped @ v
-            if rel_index is not None and self.relative.value_table is not None:
-                out = out + self.relative.value_term(dropped, rel_index)
-        out = out.transpose(1, 2).reshape(B, Tq, self.num_heads * self.head_dim)
-        return self.out_proj(out), weights
-
-    def _long_attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
-                        dropout_p: float, need_weights: bool, cache: LayerKV | None) -> tuple[Tensor, Tensor | None] | None:
-        """The long-input kernel's (out (B, H, T, Dh), weights or None), or None to fall back to the
-        dense kernels (sparse patterns under a cache or need_weights)."""
-        if cache is not None or need_weights:
-            if not isinstance(self.long_kernel, LinformerKernel):
-                return None
-        if self.num_kv_heads != self.num_heads:  # the long kernels take one key/value head per query head
-            k = k.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
-            v = v.repeat_interleave(self.num_heads // self.num_kv_heads, dim=1)
+    def _kernel_call(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
+                     dropout_p: float, need_weights: bool, values=None) -> tuple[Tensor, Tensor | None]:
+        """The kernel on the score's dot-product form: softmax(scale q' k'^T + bias, mask) v."""
+        if not self._supports.grouped_kv:
+            k, v = repeat_kv(k, v, self.num_heads)
         qs, ks, scale = self.score.prepare(q, k)
-        if isinstance(self.long_kernel, LinformerKernel):
-            if cache is not None:
-                raise ValueError("attention.kernel='linformer' is encoder-only and takes no KV cache")
-            return self.long_kernel(qs, ks, v, scale=scale, causal=self.causal, mask=mask, bias=bias,
-                                    dropout_p=dropout_p, need_weights=need_weights)
-        out = self.long_kernel(qs, ks, v, scale=scale, causal=self.causal, mask=mask, bias=bias, dropout_p=dropout_p)
-        return out, None
+        kernel = self.kernel
+        # without hooks, the kernel's forward directly: a decoding step makes one call per layer
+        call = kernel if kernel._forward_hooks or kernel._forward_pre_hooks else kernel.forward
+        return call(qs, ks, v, scale=scale, mask=mask, bias=bias, dropout_p=dropout_p, causal=self.causal,
+                    need_weights=need_weights)
+
+    def _scored(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
+                dropout_p: float, need_weights: bool, values=None) -> tuple[Tensor, Tensor]:
+        """The generic scoring path: any f(q, k) + bias, the eager softmax, the values term."""
+        k, v = repeat_kv(k, v, self.num_heads)  # each key/value head serves H/G query heads
+        scores = self.score(q, k)  # (B, H, Tq, Tk)
+        if bias is not None:
+            scores = scores + bias.to(scores.dtype)
+        return eager_attention(scores, v, mask=mask, dropout_p=dropout_p, values=values)
+
+    def _with_pattern(self, mask: Tensor | None, q: Tensor, k: Tensor) -> Tensor | None:
+        """`mask` AND the kernel's pattern, restricted to the rows of the Tq new queries."""
+        Tq, Tk = q.shape[2], k.shape[2]
+        pattern = self.kernel.dense_mask(Tk, self.causal, device=q.device, batch=q.shape[0])
+        if pattern is None:
+            return mask
+        pattern = pattern[..., Tk - Tq:, :]
+        if pattern.dim() == 2:
+            pattern = pattern[None, None]
+        return pattern if mask is None else mask & pattern

@@ -9,12 +9,53 @@ stored after rotary rotation, so a step never recomputes the past.
     cache = KVCache(max_len=prompt_len + max_new_tokens)
     logits = decoder(prompt, cache=cache)                 # fills positions [0, prompt_len)
     logits = decoder(next_token[:, None], cache=cache)    # one more position
+    hidden = decoder.step(next_token, cache)              # the same, the decoding fast path
+
+A decoding step (`TransformerStack.step`) builds its `Step` once, the inputs every layer
+shares; each layer writes its new key/value at column `length - 1` of its buffers.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 from torch import Tensor
+
+
+@dataclass
+class Step:
+    """The inputs every layer of one decoding step shares (N rows, one new token each).
+
+    Attributes:
+        length: L, tokens so far, the new one included; its key/value go to column L - 1.
+        positions: (N, 1) position of the new token.
+        key_positions: (N, L) positions of every key so far.
+        mask: (N, 1, 1, L) bool (True = real key), or None when no key is padding.
+        bias: (N or 1, H, 1, L) float ALiBi / T5 scores with -inf on padded keys (then `mask`
+            is None), or None.
+        memory: (N, S, D) the encoder output (its keys/values are cached; read only by a
+            hooked cross-attention, which runs its own forward), or None.
+        memory_mask: (N, 1, 1, S) bool source mask of the cross-attention, or None.
+        rotations: rotary cos/sin of `positions`, computed once per rotary module (a stack's
+            layers share one, `TransformerStack`).
+    """
+
+    length: int
+    positions: Tensor
+    key_positions: Tensor
+    mask: Tensor | None = None
+    bias: Tensor | None = None
+    memory: Tensor | None = None
+    memory_mask: Tensor | None = None
+    rotations: dict = field(default_factory=dict)
+
+    def rotation(self, rotary, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """(cos, sin) of `rotary` (a RotaryEmbedding) at the new position, (N, 1, 1, R)."""
+        hit = self.rotations.get(id(rotary))
+        if hit is None:
+            hit = self.rotations[id(rotary)] = rotary.cos_sin(self.positions, dtype)
+        return hit
 
 
 class LayerKV:
@@ -43,6 +84,14 @@ class LayerKV:
         self.v[:, :, self.length:end] = v
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
+
+    def write(self, k: Tensor, v: Tensor, length: int) -> tuple[Tensor, Tensor]:
+        """The decoding step's append: k, v (B, G, 1, Dh) of the token at column length - 1 (the
+        stack checked the capacity); return every key and value so far (B, G, length, Dh)."""
+        self.k.narrow(2, length - 1, 1).copy_(k)  # narrow: one call, cheaper than slice indexing per step
+        self.v.narrow(2, length - 1, 1).copy_(v)
+        self.length = length
+        return self.k.narrow(2, 0, length), self.v.narrow(2, 0, length)
 
     def reorder(self, index: Tensor) -> None:
         """Keep the batch rows `index` (B',), in that order (beam search)."""
@@ -101,6 +150,24 @@ class KVCache:
         self._positions[:, self._filled:end] = q_pos
         self._filled = end
         return self._positions[:, :end]
+
+    def advance(self) -> tuple[Tensor, Tensor]:
+        """A decoding step's positions: the new token of each row is one past its last cached
+        one. Records it; returns (its position (B, 1), the positions of every key (B, past + 1)).
+
+        Raises:
+            ValueError: the cache is full, or nothing was cached yet (run the prompt first).
+        """
+        n = self._filled
+        if self._positions is None or n == 0:
+            raise ValueError("a decoding step needs a cache filled by the prompt first (features(..., cache=cache))")
+        if n >= self.max_len:
+            raise ValueError(f"the KV cache holds {self.max_len} positions; {n + 1} requested "
+                             "(create the cache with a larger max_len)")
+        new = self._positions[:, n - 1:n] + 1  # (B, 1)
+        self._positions[:, n:n + 1] = new
+        self._filled = n + 1
+        return new, self._positions[:, :n + 1]
 
     @property
     def length(self) -> int:

@@ -1,4 +1,5 @@
-"""Feed-forward, norms, residual blocks and the Transformer layer.
+"""Feed-forward, residual blocks and the Transformer layer (activations: `attnlab.nn.activations`,
+norms: `attnlab.nn.norms`).
 
 Norm placement around a sublayer f (Xiong et al. 2020, https://arxiv.org/abs/2002.04745):
 
@@ -12,54 +13,54 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch.nn.functional as F
+import torch
 from torch import Tensor, nn
 
+from attnlab.nn.activations import GATED as _GATED
+from attnlab.nn.activations import activation_fn
 from attnlab.nn.attention import MultiHeadAttention
-from attnlab.nn.kv_cache import LayerKV
-
-_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
-    "relu": F.relu,
-    "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),  # GPT-2's "gelu_new"
-    "silu": F.silu,
-}
-# Shazeer 2020, https://arxiv.org/abs/2002.05202; geglu_tanh is T5 v1.1's "gated-gelu" (tanh GELU)
-_GATED = {"reglu": "relu", "geglu": "gelu", "geglu_tanh": "gelu_tanh", "swiglu": "silu"}
-
-
-def activation_fn(name: str) -> Callable[[Tensor], Tensor]:
-    """The element-wise function called `name` (gated names give their gate's function)."""
-    name = _GATED.get(name, name)
-    if name not in _ACTIVATIONS:
-        raise ValueError(f"unknown activation {name!r}; choose one of {', '.join([*_ACTIVATIONS, *_GATED])}")
-    return _ACTIVATIONS[name]
+from attnlab.nn.kv_cache import LayerKV, Step
+from attnlab.nn.linear import project
+from attnlab.nn.norms import apply_norm
 
 
 class FeedForward(nn.Module):
-    """Position-wise W2 act(W1 x + b1) + b2; gated variants use W2 (act(W1 x) * W3 x)."""
+    """Position-wise W2 act(W1 x + b1) + b2; gated variants use W2 (act(W1 x) * W3 x).
+
+    Gated variants hold W1 and W3 as one Linear `w13` ((2 F, D): W1's rows, then W3's), so x is
+    read once; plain ones hold `w1`. Checkpoints that store w1 and w3 apart still load (`upgrade_state`).
+    """
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "relu", bias: bool = True):
         super().__init__()
         self.act = activation_fn(activation)
-        self.w1 = nn.Linear(d_model, d_ff, bias=bias)
-        self.w3 = nn.Linear(d_model, d_ff, bias=bias) if activation in _GATED else None
+        self.gated = activation in _GATED
+        self.w1 = None if self.gated else nn.Linear(d_model, d_ff, bias=bias)
+        self.w13 = nn.Linear(d_model, 2 * d_ff, bias=bias) if self.gated else None
         self.w2 = nn.Linear(d_ff, d_model, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        h = self.act(self.w1(x))
-        if self.w3 is not None:
-            h = h * self.w3(x)
-        return self.w2(h)
+        """x (..., D) -> (..., D); a decoding step's (N, D) goes through the inference layout."""
+        if self.gated:
+            a, b = project(self.w13, x).chunk(2, dim=-1)  # (..., F) each
+            h = self.act(a) * b
+        else:
+            h = self.act(project(self.w1, x))
+        return project(self.w2, h)
 
+    def upgrade_state(self, state: dict[str, Tensor], prefix: str) -> None:
+        """Rename, in place, the tensors of a checkpoint saved before the gate was fused:
+        `w1` and `w3` of a gated feed-forward become one `w13`."""
+        if not self.gated:
+            return
+        for t in ("weight", "bias"):
+            w1, w3 = f"{prefix}w1.{t}", f"{prefix}w3.{t}"
+            if w1 in state and w3 in state:
+                state[f"{prefix}w13.{t}"] = torch.cat([state.pop(w1), state.pop(w3)])
 
-def make_norm(kind: str, d_model: int, eps: float = 1e-5, bias: bool = True) -> nn.Module:
-    """LayerNorm (gain and bias) or RMSNorm (gain only, Zhang & Sennrich 2019)."""
-    if kind == "layernorm":
-        return nn.LayerNorm(d_model, eps=eps, bias=bias)
-    if kind == "rmsnorm":
-        return nn.RMSNorm(d_model, eps=eps)
-    raise ValueError(f"unknown norm {kind!r}; choose layernorm or rmsnorm")
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        self.upgrade_state(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 class Residual(nn.Module):
@@ -74,13 +75,20 @@ class Residual(nn.Module):
         self.post_norm = make() if placement == "both" else None
         self.dropout = nn.Dropout(dropout)
 
+    def normed(self, x: Tensor) -> Tensor:
+        """The sublayer's input: x, or Norm(x) before the sublayer (pre, both)."""
+        return x if self.placement == "post" else apply_norm(self.norm, x)
+
+    def add(self, x: Tensor, out: Tensor) -> Tensor:
+        """x plus the sublayer's output `out` (computed on `normed(x)`), normed where placed."""
+        if self.post_norm is not None:  # both: Norm' on the sublayer's output
+            out = apply_norm(self.post_norm, out)
+        if self.training:  # dropout is the identity at inference: no call (a decoding step makes many)
+            out = self.dropout(out)
+        return apply_norm(self.norm, x + out) if self.placement == "post" else x + out
+
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
-        if self.placement == "post":
-            return self.norm(x + self.dropout(sublayer(x)))
-        h = sublayer(self.norm(x))
-        if self.post_norm is not None:
-            h = self.post_norm(h)
-        return x + self.dropout(h)
+        return self.add(x, sublayer(self.normed(x)))
 
 
 class TransformerLayer(nn.Module):
@@ -108,10 +116,25 @@ class TransformerLayer(nn.Module):
         (`key_positions`: those of every key when a cache holds earlier ones); `memory`
         (B, S, D) with bool `memory_mask` broadcastable to (B, H, T, S)."""
         k_pos = positions if key_positions is None else key_positions
-        x = self.self_attn_block(
-            x, lambda h: self.self_attn(h, mask=mask, bias=bias, q_pos=positions, k_pos=k_pos, cache=cache)[0])
+        block = self.self_attn_block
+        h, _ = self.self_attn(block.normed(x), mask=mask, bias=bias, q_pos=positions, k_pos=k_pos, cache=cache)
+        x = block.add(x, h)
         if self.cross_attn is not None:
             if memory is None:
                 raise ValueError("this layer has cross-attention: pass the encoder output as `memory`")
-            x = self.cross_attn_block(x, lambda h: self.cross_attn(h, memory, mask=memory_mask, cache=cache)[0])
-        return self.ffn_block(x, self.ffn)
+            block = self.cross_attn_block
+            h, _ = self.cross_attn(block.normed(x), memory, mask=memory_mask, cache=cache)
+            x = block.add(x, h)
+        return self.ffn_block.add(x, self.ffn(self.ffn_block.normed(x)))
+
+    def step(self, x: Tensor, kv: LayerKV, step: Step) -> Tensor:
+        """`forward` for one new token per row while decoding: x (N, D) -> (N, D), the same
+        modules and residual blocks; the shared per-step inputs (mask, positions) come in `step`
+        (built once by `TransformerStack.step`), the new key/value go into `kv`."""
+        block = self.self_attn_block
+        x = block.add(x, self.self_attn.step(block.normed(x), kv, step))
+        if self.cross_attn is not None:
+            block = self.cross_attn_block
+            x = block.add(x, self.cross_attn.step(block.normed(x), kv, step))
+        block = self.ffn_block
+        return block.add(x, self.ffn(block.normed(x)))

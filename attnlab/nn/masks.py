@@ -51,13 +51,11 @@ def positions_from_mask(attention_mask: Tensor) -> Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-# ---- long-input patterns (dense references of attnlab.nn.sparse; positions are tensor indices) ----
+def window_mask(t: int, window: int, *, causal: bool = False, device: torch.device | None = None) -> Tensor:
+    """(T, T) local attention: key j is allowed for query i iff |i - j| <= window (causal:
+    0 <= i - j <= window); positions are tensor indices.
 
-
-def sliding_window_mask(t: int, window: int, *, causal: bool = False, device: torch.device | None = None) -> Tensor:
-    """(T, T): key j is allowed for query i iff |i - j| <= window (causal: 0 <= i - j <= window).
-
-    >>> sliding_window_mask(4, 1).int().tolist()
+    >>> window_mask(4, 1).int().tolist()
     [[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 1, 1]]
     """
     if not isinstance(window, int) or isinstance(window, bool) or window < 0:
@@ -65,50 +63,3 @@ def sliding_window_mask(t: int, window: int, *, causal: bool = False, device: to
     pos = torch.arange(t, device=device)
     d = pos[:, None] - pos[None, :]  # query minus key
     return (d <= window) & (d >= (0 if causal else -window))
-
-
-def longformer_mask(t: int, window: int, global_tokens: Tensor | None = None, *, causal: bool = False,
-                    device: torch.device | None = None) -> Tensor:
-    """Sliding window plus global tokens (Beltagy et al. 2020): a global query sees every key
-    and every query sees the global keys (causal: only those on its left).
-
-    Args:
-        t: length T; window: w.
-        global_tokens: 1-D positions (-> (T, T)) or (B, T) bool flags (-> (B, 1, T, T)); None = none.
-
-    Returns:
-        bool (T, T) or (B, 1, T, T).
-    """
-    mask = sliding_window_mask(t, window, causal=causal, device=device)
-    if global_tokens is None:
-        return mask
-    if global_tokens.dtype == torch.bool:
-        flags = global_tokens.to(mask.device)  # (B, T)
-    else:
-        flags = torch.zeros(1, t, dtype=torch.bool, device=mask.device)
-        flags[:, global_tokens[global_tokens < t].long().to(mask.device)] = True
-    out = mask[None] | flags[:, :, None] | flags[:, None, :]  # (B, T, T)
-    if causal:
-        out = out & causal_mask(t, device=mask.device)
-    return out[:, None] if global_tokens.dtype == torch.bool else out[0]
-
-
-def bigbird_mask(t: int, block: int, window_blocks: int = 1, global_blocks: int = 1, random_blocks: int = 3,
-                 seed: int = 0, *, causal: bool = False, device: torch.device | None = None) -> Tensor:
-    """(T, T) BigBird pattern (Zaheer et al. 2020) in blocks of `block`: window, global (the first
-    `global_blocks` blocks, both ways) and random blocks, the same ones the kernel uses.
-
-    Args:
-        t: length T; block: b; window_blocks: W per side; global_blocks: G;
-        random_blocks: R per query block; seed: fixes the random blocks.
-    """
-    from attnlab.nn.sparse_patterns import bigbird_table
-
-    table = bigbird_table(t, block, window_blocks, global_blocks, random_blocks, seed, causal)
-    nq = table.shape[0]
-    blocks = torch.zeros(nq, nq + 1, dtype=torch.bool)
-    blocks.scatter_(1, table, True)
-    blocks = blocks[:, :nq]
-    blocks[: min(global_blocks, nq)] = True  # global queries see everything
-    mask = blocks.repeat_interleave(block, 0).repeat_interleave(block, 1)[:t, :t].to(device)
-    return mask & causal_mask(t, device=device) if causal else mask

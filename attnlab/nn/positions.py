@@ -11,11 +11,16 @@ Three places a scheme can act:
   `RelativePositions` (Shaw et al. 2018: a term on the scores and one on the values);
 - a bias on the scores, computed once per stack and shared by its layers: `ALiBi`,
   `T5RelativeBias` -> (B or 1, H, Tq, Tk).
+
+`POSITION_SCHEMES` maps the config name (`position.scheme`) to a `PositionScheme`: where it acts,
+how it is built, and what it asks of an attention kernel.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -228,3 +233,57 @@ class T5RelativeBias(nn.Module):
         rel = k_pos[:, None, :] - q_pos[:, :, None]  # (B, Tq, Tk)
         buckets = t5_bucket(rel, self.bidirectional, self.num_buckets, self.max_distance)
         return self.weight[buckets].permute(0, 3, 1, 2)  # (B, H, Tq, Tk)
+
+
+# ---- the registry -----------------------------------------------------------------------------
+
+
+class Sizes(NamedTuple):
+    """What a scheme's module is sized by: the model's width, heads, head size, and whether the
+    stack is causal (a decoder's)."""
+
+    d_model: int
+    num_heads: int
+    head_dim: int
+    causal: bool = False
+
+
+@dataclass(frozen=True)
+class PositionScheme:
+    """How a position scheme plugs in.
+
+    Attributes:
+        where: `embeddings` (added to the token embeddings, one module per stack), `rotary` or
+            `relative` (the MultiHeadAttention argument of that name, one module per
+            self-attention layer), `bias` (scores added in every self-attention layer, one
+            module per stack), or None (no positions).
+        build: (position options, Sizes) -> the module; the options are the config's `position`
+            section (any object with the scheme's fields).
+        score_bias: adds a (query, key) bias to the scores (a kernel must support one).
+        value_option: the option that switches on a term on the values, if the scheme has one.
+    """
+
+    where: str | None = None
+    build: Callable[[Any, Sizes], nn.Module] | None = None
+    score_bias: bool = False
+    value_option: str | None = None
+
+    def value_term(self, options: Any) -> bool:
+        """Whether the scheme, with these options, adds a term on the values."""
+        return self.value_option is not None and bool(getattr(options, self.value_option))
+
+
+POSITION_SCHEMES: dict[str, PositionScheme] = {
+    "none": PositionScheme(),
+    "sinusoidal": PositionScheme("embeddings", lambda p, s: SinusoidalPositions(s.d_model, layout=p.sinusoidal_layout)),
+    "learned": PositionScheme("embeddings", lambda p, s: LearnedPositions(p.max_len, s.d_model, p.learned_offset)),
+    "binary": PositionScheme("embeddings", lambda p, s: BinaryPositions(s.d_model, p.max_len)),
+    "relative": PositionScheme(
+        "relative", lambda p, s: RelativePositions(s.head_dim, p.relative_max_distance, values=p.relative_values),
+        score_bias=True, value_option="relative_values"),
+    "rotary": PositionScheme("rotary", lambda p, s: RotaryEmbedding(s.head_dim, p.rotary_dim, p.rotary_base)),
+    "alibi": PositionScheme("bias", lambda p, s: ALiBi(s.num_heads), score_bias=True),
+    "t5_bias": PositionScheme(
+        "bias", lambda p, s: T5RelativeBias(s.num_heads, p.t5_num_buckets, p.t5_max_distance,
+                                            bidirectional=not s.causal), score_bias=True),
+}

@@ -5,6 +5,9 @@ Notation: q (B, H, Tq, Dh), k (B, H, Tk, Dh) -> scores (B, H, Tq, Tk).
 Dot-product-shaped scores (`fused = True`) are written as scale * q' . k' for some
 transformed q', k', so PyTorch's fused `scaled_dot_product_attention` can compute them
 without materialising the T x T matrix; the others need the eager kernel.
+
+`SCORES` maps the config name (`attention.score`) to the class; each class builds itself from
+the layer's sizes and the config's score options (`build`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,12 @@ class ScoreFunction(nn.Module):
     """Base: f(q, k) = scale * q' . k' with (q', k', scale) from `prepare`."""
 
     fused = True
+
+    @classmethod
+    def build(cls, num_heads: int, head_dim: int, *, cosine_temperature: float = 0.1,
+              additive_dim: int | None = None) -> "ScoreFunction":
+        """One layer's score function from its sizes and the score options (default: takes none)."""
+        return cls()
 
     def prepare(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
         raise NotImplementedError
@@ -49,6 +58,10 @@ class Cosine(ScoreFunction):
         super().__init__()
         self.temperature = temperature
 
+    @classmethod
+    def build(cls, num_heads, head_dim, *, cosine_temperature=0.1, additive_dim=None):
+        return cls(cosine_temperature)
+
     def prepare(self, q, k):
         return F.normalize(q, dim=-1), F.normalize(k, dim=-1), 1.0 / self.temperature
 
@@ -60,6 +73,10 @@ class General(ScoreFunction):
     def __init__(self, num_heads: int, head_dim: int):
         super().__init__()
         self.weight = nn.Parameter(torch.eye(head_dim).repeat(num_heads, 1, 1) * head_dim**-0.5)
+
+    @classmethod
+    def build(cls, num_heads, head_dim, *, cosine_temperature=0.1, additive_dim=None):
+        return cls(num_heads, head_dim)
 
     def prepare(self, q, k):
         return q @ self.weight.to(q.dtype), k, 1.0  # (B, H, Tq, Dh) @ (H, Dh, Dh)
@@ -80,6 +97,10 @@ class Additive(ScoreFunction):
             nn.init.normal_(p, std=head_dim**-0.5)
         nn.init.normal_(self.v, std=hidden**-0.5)
 
+    @classmethod
+    def build(cls, num_heads, head_dim, *, cosine_temperature=0.1, additive_dim=None):
+        return cls(num_heads, head_dim, additive_dim or head_dim)
+
     def forward(self, q, k):
         a = q @ self.w_q.to(q.dtype)  # (B, H, Tq, A)
         b = k @ self.w_k.to(k.dtype)  # (B, H, Tk, A)
@@ -87,17 +108,22 @@ class Additive(ScoreFunction):
         return (hidden * self.v[None, :, None, None, :].to(q.dtype)).sum(-1)
 
 
+SCORES: dict[str, type[ScoreFunction]] = {
+    "scaled_dot": ScaledDot,
+    "dot": Dot,
+    "cosine": Cosine,
+    "additive": Additive,
+    "general": General,
+}
+
+
 def build_score(name: str, num_heads: int, head_dim: int, *, cosine_temperature: float = 0.1,
                 additive_dim: int | None = None) -> ScoreFunction:
-    """The score function called `name` (see `AttentionConfig.score`)."""
-    if name == "scaled_dot":
-        return ScaledDot()
-    if name == "dot":
-        return Dot()
-    if name == "cosine":
-        return Cosine(cosine_temperature)
-    if name == "general":
-        return General(num_heads, head_dim)
-    if name == "additive":
-        return Additive(num_heads, head_dim, additive_dim or head_dim)
-    raise ValueError(f"unknown score function {name!r}; choose scaled_dot, dot, cosine, additive or general")
+    """The score function called `name` (see `AttentionConfig.score`).
+
+    Raises:
+        ValueError: an unknown name, listing the registered ones.
+    """
+    if name not in SCORES:
+        raise ValueError(f"unknown score function {name!r}; choose one of {', '.join(SCORES)}")
+    return SCORES[name].build(num_heads, head_dim, cosine_temperature=cosine_temperature, additive_dim=additive_dim)

@@ -7,15 +7,17 @@ parallel (module surgery on a built model), on a 2-D (data x tensor) process mes
     model = wrap_model(model, ctx)                       # DDP over ctx.dp_group
 
 See attnlab/parallel/tensor.py for what tensor parallel supports, cost.py for the bytes each
-layer communicates, checkpoint.py for full checkpoints (gather on save, shard on load).
+layer communicates, checkpoint.py for full checkpoints (gather on save, shard on load). The process
+context (`init_from_env`, `ParallelContext`) lives in attnlab/training/distributed.py beside the
+trainer's data-parallel hooks; this package builds on it.
 """
 
 from attnlab.parallel.checkpoint import (gather_full_state, gather_optimizer_state, load_full_checkpoint,
                                          load_optimizer_state, save_full_checkpoint)
 from attnlab.parallel.comm import copy_to_parallel, gather_from_parallel, reduce_from_parallel
-from attnlab.parallel.context import CollectiveError, ParallelContext, init_from_env, shutdown
-from attnlab.parallel.data import (LossModule, all_reduce_gradients, all_reduce_metrics, is_main, shard_batch,
-                                   shard_batches, unwrap, wrap_model)
+from attnlab.parallel.data import (all_reduce_gradients, all_reduce_metrics, is_main, shard_batch, shard_batches,
+                                   unwrap, wrap_model)
+from attnlab.training.distributed import CollectiveError, LossModule, ParallelContext, init_from_env, shutdown
 from attnlab.parallel.launch import WorkerError, free_port, spawn
 from attnlab.parallel.tensor import check_supported, tensor_parallel, vocab_parallel_cross_entropy
 

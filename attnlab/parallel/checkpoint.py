@@ -14,14 +14,15 @@ again for any tensor-parallel size, or none: the layout on disk never depends on
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
-from attnlab.interop.files import read_safetensors, write_safetensors
-from attnlab.parallel.comm import all_gather_last, group_rank, group_size
+from attnlab.io.files import atomic_folder
+from attnlab.io.weights import read_safetensors, write_safetensors
+from attnlab.parallel.comm import group_rank, group_size
+from attnlab.parallel.tensor import gather_full, local_part
 
 OPTIMIZER_FILE = "optimizer.safetensors"
 
@@ -58,7 +59,7 @@ def gather_full_state(model: nn.Module) -> dict[str, Tensor]:
             seen.add(id(p))
         t = _full(t.detach())
         if p is not None and getattr(p, "tp_dim", None) is not None:
-            out[name] = all_gather_last(t, group, dim=p.tp_dim)
+            out[name] = gather_full(t, p, group)
         else:
             out[name] = t.clone()
     return out
@@ -73,7 +74,7 @@ def gather_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -
             value = _full(value) if isinstance(value, Tensor) else torch.tensor(value)
             dim = getattr(p, "tp_dim", None)
             if dim is not None and value.shape == _full(p).shape:
-                value = all_gather_last(value.detach(), group, dim=dim)
+                value = gather_full(value.detach(), p, group)
             out[f"{name}/{key}"] = value.detach().clone()
     return out
 
@@ -101,7 +102,7 @@ def load_optimizer_state(path: str | os.PathLike, model: nn.Module, optimizer: t
         p = params[name]
         dim = getattr(p, "tp_dim", None)
         if dim is not None and n > 1 and value.dim() == p.dim() and value.shape != p.shape:
-            value = value.chunk(n, dim=dim)[r].clone()
+            value = local_part(value, p, n, r).clone()
         state.setdefault(p, {})[entry] = value.to(p.device) if value.dim() else value
     optimizer.state.clear()
     for p, entries in state.items():
@@ -114,7 +115,7 @@ def save_full_checkpoint(model: nn.Module, path: str | os.PathLike, *, optimizer
 
     Args:
         model: the model; its `.config` is written as config.json.
-        path: the folder (replaced atomically by attnlab.save).
+        path: the folder (an earlier checkpoint there is replaced atomically).
         optimizer: also write its state in the full layout.
         rank: the global rank; only rank 0 writes (default: torch.distributed's rank, or 0).
 
@@ -132,13 +133,11 @@ def save_full_checkpoint(model: nn.Module, path: str | os.PathLike, *, optimizer
         return None
     full = build_model(model.config)
     full.load_state_dict(state, strict=False)  # tied names share storage: one copy fills both
-    folder = attnlab.save(full, path)
-    if opt_state is not None:
-        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
-        os.close(fd)
-        write_safetensors(opt_state, tmp)
-        os.replace(tmp, Path(folder) / OPTIMIZER_FILE)
-    return Path(folder)
+    with atomic_folder(path) as tmp:  # the model and its optimizer state are swapped in together
+        attnlab.save(full, tmp)
+        if opt_state is not None:
+            write_safetensors(opt_state, tmp / OPTIMIZER_FILE)
+    return Path(path)
 
 
 def load_full_checkpoint(path: str | os.PathLike, group=None, *, gather_output: bool = True) -> nn.Module:

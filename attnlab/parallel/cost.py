@@ -44,10 +44,10 @@ def sharded_numel(model: nn.Module) -> tuple[int, int]:
     split: set[int] = set()
     for m in model.modules():
         if isinstance(m, MultiHeadAttention):
-            names = [m.q_proj.weight, m.k_proj.weight, m.v_proj.weight, m.out_proj.weight,
-                     m.q_proj.bias, m.k_proj.bias, m.v_proj.bias, *m.score.parameters()]
+            projections = [lin for lin in (m.qkv_proj, m.q_proj, m.kv_proj) if lin is not None]
+            names = [p for lin in projections for p in lin.parameters()] + [m.out_proj.weight, *m.score.parameters()]
         elif isinstance(m, FeedForward):
-            names = [m.w1.weight, m.w1.bias, m.w2.weight] + ([m.w3.weight, m.w3.bias] if m.w3 is not None else [])
+            names = [*(m.w13 if m.gated else m.w1).parameters(), m.w2.weight]
         elif isinstance(m, Embeddings):
             names = [m.token.weight]
         elif isinstance(m, LMHead):

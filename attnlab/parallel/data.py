@@ -18,25 +18,13 @@ forward pass goes through DDP and its gradient hooks are armed.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from attnlab.parallel.context import ParallelContext
-
-
-class LossModule(nn.Module):
-    """forward(batch) = loss_fn(model, batch): the unit DDP wraps when the loss is not model(x)."""
-
-    def __init__(self, model: nn.Module, loss_fn: Callable[..., Tensor]):
-        super().__init__()
-        self.model = model
-        self.loss_fn = loss_fn
-
-    def forward(self, batch: Any, **kwargs) -> Tensor:
-        return self.loss_fn(self.model, batch, **kwargs)
+from attnlab.training.distributed import LossModule, ParallelContext
 
 
 def wrap_model(model: nn.Module, ctx: ParallelContext, *, find_unused_parameters: bool = False,

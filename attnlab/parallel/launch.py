@@ -46,7 +46,7 @@ def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, tp: int
     os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(threads)
-    from attnlab.parallel.context import init_from_env, shutdown
+    from attnlab.training.distributed import init_from_env, shutdown
 
     try:
         ctx = init_from_env(tp, backend="gloo", timeout_s=timeout_s)

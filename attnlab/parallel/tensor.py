@@ -4,8 +4,9 @@ Shoeybi et al. 2019, https://arxiv.org/abs/1909.08053. Notation: n tensor-parall
 rank, H/G query/key-value heads, Dh head_dim, F d_ff, V vocabulary; f and g the conjugate
 operators of `attnlab.parallel.comm` (f: all-reduce backward, g: all-reduce forward).
 
-    FeedForward     x -f-> w1, w3 column-parallel (F/n rows each) -> act -> w2 row-parallel -g-> + b2
-    attention       x -f-> q (H/n heads), k, v (G/n kv heads) -> softmax(...) v -> out_proj row-parallel -g-> + b
+    FeedForward     x -f-> w1 (or fused w1 | w3: F/n rows of each) column-parallel -> act -> w2 row-parallel -g-> + b2
+    attention       x -f-> fused q | k | v column-parallel (H/n heads of q, G/n of k and v; a cross-attention's
+                    q and fused k | v alike) -> softmax(...) v -> out_proj row-parallel -g-> + b
     embedding       rows [r V/n, (r+1) V/n) of E; ids outside give 0, then g sums the ranks
     LM / MLM head   h -f-> logits of the local vocabulary slice (B, T, V/n), all-gathered to
                     (B, T, V) unless gather_output=False (then use vocab_parallel_cross_entropy)
@@ -18,10 +19,10 @@ stay whole and their gradients are all-reduced over the group.
 
 Supported: decoder, encoder and encoder-decoder Transformers; scores scaled_dot, dot, cosine,
 general, additive; positions none, sinusoidal, learned, binary, rotary, relative, alibi, t5_bias;
-grouped kv heads when n divides G. Refused with ValueError: the RNN architecture, the long-input
-kernels (sliding_window, longformer, bigbird, linformer), head counts, d_ff or vocabularies that
-n does not divide. Dropout draws from each rank's generator: seed ranks alike for replicated
-regions to match. KV-cache decoding on a sharded model is refused (save the full model, decode with it).
+grouped kv heads when n divides G. Refused with ValueError: the RNN architecture, the kernels
+whose heads cannot be split (`Supports.tensor_parallel`: the long-input ones), head counts, d_ff
+or vocabularies that n does not divide. Dropout draws from each rank's generator: seed ranks
+alike for replicated regions to match. KV-cache decoding on a sharded model is refused (save the full model, decode with it).
 """
 
 from __future__ import annotations
@@ -30,22 +31,49 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.config import LONG_KERNELS, ModelConfig
+from attnlab.config import ModelConfig
 from attnlab.models.embeddings import Embeddings
 from attnlab.models.heads import LMHead, MLMHead
 from attnlab.nn.attention import MultiHeadAttention
+from attnlab.nn.kernels import KERNELS
 from attnlab.nn.layers import FeedForward
 from attnlab.nn.positions import ALiBi, T5RelativeBias
 from attnlab.nn.scores import Additive, General
-from attnlab.parallel.comm import (all_reduce_sum, copy_to_parallel, gather_from_parallel, group_rank, group_size,
-                                   reduce_from_parallel)
+from attnlab.parallel.comm import (all_gather_last, all_reduce_sum, copy_to_parallel, gather_from_parallel,
+                                   group_rank, group_size, reduce_from_parallel)
 
 
-def _shard(t: Tensor, dim: int, n: int, r: int) -> nn.Parameter:
-    """Chunk r of n along dim, as a Parameter that remembers its split (`tp_dim`)."""
-    p = nn.Parameter(t.detach().chunk(n, dim=dim)[r].clone(), requires_grad=t.requires_grad)
+def _part(t: Tensor, dim: int, n: int, r: int, blocks: tuple[int, ...] | None) -> Tensor:
+    """Chunk r of n along dim; of each block when t holds several fused along dim (sizes `blocks`)."""
+    if not blocks:
+        return t.chunk(n, dim=dim)[r]
+    return torch.cat([b.chunk(n, dim=dim)[r] for b in t.split(list(blocks), dim=dim)], dim=dim)
+
+
+def _shard(t: Tensor, dim: int, n: int, r: int, blocks: tuple[int, ...] | None = None) -> nn.Parameter:
+    """This rank's part of t (`_part`) as a Parameter that remembers its split: `tp_dim`, and
+    `tp_blocks` for a fused tensor (q | k | v, w1 | w3: each block is split, its heads or rows
+    stay with their own kind)."""
+    p = nn.Parameter(_part(t.detach(), dim, n, r, blocks).clone(), requires_grad=t.requires_grad)
     p.tp_dim = dim
+    if blocks:
+        p.tp_blocks = tuple(blocks)
     return p
+
+
+def local_part(full: Tensor, p: nn.Parameter, n: int, r: int) -> Tensor:
+    """Rank r's part of `full`, a tensor in the full layout of the sharded parameter p (its
+    value, a gradient, an optimizer moment)."""
+    return _part(full, p.tp_dim, n, r, getattr(p, "tp_blocks", None))
+
+
+def gather_full(t: Tensor, p: nn.Parameter, group) -> Tensor:
+    """The full layout of t, this rank's part of the sharded parameter p (every rank calls)."""
+    dim, blocks = p.tp_dim, getattr(p, "tp_blocks", None)
+    if not blocks:
+        return all_gather_last(t, group, dim=dim)
+    n = group_size(group)
+    return torch.cat([all_gather_last(b, group, dim=dim) for b in t.split([s // n for s in blocks], dim=dim)], dim=dim)
 
 
 class RowParallelLinear(nn.Linear):
@@ -144,9 +172,10 @@ def check_supported(config: ModelConfig, n: int) -> None:
     if config.arch == "rnn_encoder_decoder":
         raise ValueError("tensor parallel supports the Transformer archs (decoder, encoder, encoder_decoder), "
                          "not arch='rnn_encoder_decoder'")
-    if config.attention.kernel in LONG_KERNELS:
+    if not KERNELS[config.attention.kernel].supports.tensor_parallel:
+        splittable = ", ".join(name for name, kernel in KERNELS.items() if kernel.supports.tensor_parallel)
         raise ValueError(f"tensor parallel does not support attention.kernel={config.attention.kernel!r}; use "
-                         "auto, eager or sdpa")
+                         f"{splittable}")
     kv = config.attention.num_kv_heads or config.num_heads
     checks = [("num_heads", config.num_heads), ("attention.num_kv_heads", kv), ("d_ff", config.d_ff),
               ("vocab_size", config.vocab_size)]
@@ -177,15 +206,24 @@ def _reduce_grad_hook(group):
     return lambda grad: all_reduce_sum(grad, group)
 
 
+def _shard_columns(lin: nn.Linear, n: int, r: int, blocks: tuple[int, ...] | None = None) -> None:
+    """Column-parallel in place: this rank's output features (of each fused block)."""
+    lin.weight = _shard(lin.weight, 0, n, r, blocks)
+    if lin.bias is not None:
+        lin.bias = _shard(lin.bias, 0, n, r, blocks)
+    lin.out_features = lin.weight.shape[0]
+
+
 def _shard_attention(attn: MultiHeadAttention, group, n: int, r: int) -> None:
-    sharded = set()
-    for name in ("q_proj", "k_proj", "v_proj"):
-        lin = getattr(attn, name)
-        lin.weight = _shard(lin.weight, 0, n, r)
-        if lin.bias is not None:
-            lin.bias = _shard(lin.bias, 0, n, r)
-        lin.out_features = lin.weight.shape[0]
-        sharded.update((id(lin.weight), id(lin.bias)))
+    q, kv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
+    if attn.qkv_proj is not None:  # self-attention: q | k | v fused, each split by heads
+        _shard_columns(attn.qkv_proj, n, r, (q, kv, kv))
+        projections = [attn.qkv_proj]
+    else:  # cross-attention: q of the input, k | v of the context
+        _shard_columns(attn.q_proj, n, r)
+        _shard_columns(attn.kv_proj, n, r, (kv, kv))
+        projections = [attn.q_proj, attn.kv_proj]
+    sharded = {id(p) for lin in projections for p in lin.parameters()}
     attn.out_proj = RowParallelLinear(attn.out_proj, group, n, r)
     sharded.update(id(p) for p in attn.out_proj.parameters())
     if isinstance(attn.score, General):
@@ -203,12 +241,11 @@ def _shard_attention(attn: MultiHeadAttention, group, n: int, r: int) -> None:
 
 
 def _shard_ffn(ffn: FeedForward, group, n: int, r: int) -> None:
-    for lin in (ffn.w1, ffn.w3):
-        if lin is not None:
-            lin.weight = _shard(lin.weight, 0, n, r)
-            if lin.bias is not None:
-                lin.bias = _shard(lin.bias, 0, n, r)
-            lin.out_features = lin.weight.shape[0]
+    if ffn.gated:  # w1 | w3 fused: each half split, so act(w1 x) and w3 x of one rank pair up
+        F_ = ffn.w13.out_features // 2
+        _shard_columns(ffn.w13, n, r, (F_, F_))
+    else:
+        _shard_columns(ffn.w1, n, r)
     ffn.w2 = RowParallelLinear(ffn.w2, group, n, r)
     ffn.register_forward_pre_hook(_enter_parallel(group), with_kwargs=True)
 

@@ -25,7 +25,7 @@ import heapq
 from collections import Counter, defaultdict
 
 from attnlab.tokenizers.bytelevel import alphabet
-from attnlab.tokenizers.corpus import Progress
+from attnlab.io.progress import Progress
 
 
 def train_bpe(
@@ -89,7 +89,7 @@ def train_bpe(
     heapq.heapify(queue)
 
     merges: list[tuple[int, int]] = []
-    progress = Progress("merges", total=vocab_size - len(token_to_id), enabled=show_progress)
+    progress = Progress(vocab_size - len(token_to_id), unit="merge", desc="merges", enabled=show_progress)
     while len(token_to_id) < vocab_size and queue:
         neg_count, left, right, _, positions = heapq.heappop(queue)
         current = pair_counts[(left, right)]
@@ -116,7 +116,7 @@ def train_bpe(
             if pair_counts[pair] > 0:
                 heapq.heappush(queue, (-pair_counts[pair], pair[0], pair[1], serial, found_in))
                 serial += 1
-        progress.update(len(merges), f"({len(token_to_id)} tokens)")
+        progress.update(1, f"({len(token_to_id)} tokens)")
     progress.close(f"({len(token_to_id)} tokens)")
 
     ranked: dict[tuple[int, int], int] = {}

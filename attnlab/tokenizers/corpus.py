@@ -1,4 +1,4 @@
-"""Reading a training corpus, counting its words, and showing progress.
+"""Reading a training corpus and counting its words.
 
 ``texts_or_files`` (what ``Tokenizer.train`` takes) is either
 
@@ -14,13 +14,11 @@ Files are read as UTF-8, line by line with the line ends kept, and each line is 
 from __future__ import annotations
 
 import os
-import sys
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import TextIO
 
+from attnlab.io.progress import Progress
 from attnlab.tokenizers.special import SpecialSplitter
 
 TextsOrFiles = str | os.PathLike | Iterable[str | os.PathLike]
@@ -55,45 +53,6 @@ def iter_sequences(texts_or_files: TextsOrFiles) -> Iterator[str]:
             )
 
 
-class Progress:
-    """A one-line progress report on stderr, refreshed at most ten times a second.
-
-    Args:
-        label: what is being counted ("read", "merges", ...).
-        total: the count at completion, when known.
-        enabled: ``False`` makes every call a no-op.
-        stream: where to write (stderr by default).
-    """
-
-    def __init__(self, label: str, total: int | None = None, enabled: bool = True,
-                 stream: TextIO | None = None) -> None:
-        self.label, self.total, self.enabled = label, total, enabled
-        self.stream = stream if stream is not None else sys.stderr
-        self.count = 0
-        self.start = self._last = time.monotonic()
-
-    def update(self, count: int, note: str = "") -> None:
-        """Set the count; redraw the line if enough time passed."""
-        self.count = count
-        now = time.monotonic()
-        if self.enabled and now - self._last >= 0.1:
-            self._last = now
-            self._draw(note)
-
-    def close(self, note: str = "") -> None:
-        """Draw the final line and end it."""
-        if self.enabled:
-            self._draw(note)
-            self.stream.write("\n")
-            self.stream.flush()
-
-    def _draw(self, note: str) -> None:
-        elapsed = time.monotonic() - self.start
-        of = f"/{self.total}" if self.total else ""
-        self.stream.write(f"\r{self.label}: {self.count}{of} {note} [{elapsed:.1f}s]")
-        self.stream.flush()
-
-
 def count_words(
     texts_or_files: TextsOrFiles,
     split: Callable[[str], Iterable[str]],
@@ -108,13 +67,13 @@ def count_words(
     """
     splitter = SpecialSplitter(special_tokens)
     counts: Counter[str] = Counter()
-    progress = Progress("reading corpus", enabled=show_progress)
+    progress = Progress(unit="seq", desc="reading corpus", enabled=show_progress)
     chars = 0
-    for n, sequence in enumerate(iter_sequences(texts_or_files), 1):
+    for sequence in iter_sequences(texts_or_files):
         for segment, is_special in splitter.split(sequence):
             if not is_special:
                 counts.update(split(segment))
         chars += len(sequence)
-        progress.update(n, f"sequences, {chars / 1e6:.1f}M characters, {len(counts)} distinct words")
-    progress.close(f"sequences, {chars / 1e6:.1f}M characters, {len(counts)} distinct words")
+        progress.update(1, f"{chars / 1e6:.1f}M characters, {len(counts)} distinct words")
+    progress.close(f"{chars / 1e6:.1f}M characters, {len(counts)} distinct words")
     return counts

@@ -1,4 +1,4 @@
-"""Reading the vocabulary files people already have, and writing files atomically.
+"""Reading the vocabulary files people already have.
 
 Formats (besides Hugging Face's ``tokenizer.json``, see ``hf_json.py``):
 
@@ -11,11 +11,10 @@ Formats (besides Hugging Face's ``tokenizer.json``, see ``hf_json.py``):
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from attnlab.io.files import read_json
 
 #: Files ``Tokenizer.load`` recognises in a folder, in the order it looks for them.
 FOLDER_LAYOUTS = (
@@ -37,15 +36,6 @@ def find_layout(folder: Path) -> tuple[str, ...]:
             return layout
     expected = "; ".join(" + ".join(layout) for layout in FOLDER_LAYOUTS)
     raise ValueError(f"path: no tokenizer files in folder {str(folder)!r}; expected one of: {expected}")
-
-
-def read_json(path: Path) -> Any:
-    """Parse a JSON file, with an error that names the file."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"path: {str(path)!r} is not valid JSON ({err})") from err
 
 
 def read_merges(path: Path) -> list[tuple[str, str]]:
@@ -105,26 +95,3 @@ def guess_lowercase(vocab: dict[str, int]) -> bool:
         if token.lower() != token:  # "A" would change; "ℝ" is upper-case but has no lower case
             return False
     return True
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and ``os.replace``.
-
-    Either the old file stays whole or the new one is complete; the temporary file is
-    removed if anything fails.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise

@@ -17,7 +17,8 @@ Face ignores unknown keys there), so saving stays lossless.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any
 
 from attnlab.tokenizers.base import TokenModel
 from attnlab.tokenizers.bpe import BPEModel
@@ -27,9 +28,6 @@ from attnlab.tokenizers.normalizers import Normalizer
 from attnlab.tokenizers.special import AddedToken, infer_roles
 from attnlab.tokenizers.template import Template
 from attnlab.tokenizers.wordpiece import WordPieceModel
-
-if TYPE_CHECKING:
-    from attnlab.tokenizers.tokenizer import Tokenizer
 
 #: The pre-tokenizer regex of attnlab's character tokenizer: every code point on its own.
 CHAR_PATTERN = r"[\s\S]"
@@ -51,17 +49,15 @@ def default_roles(model: TokenModel, added: list[AddedToken], template: Template
 # ----------------------------------------------------------------------------- writing
 
 
-def to_hf(tokenizer: "Tokenizer") -> dict[str, Any]:
-    """The ``tokenizer.json`` content for ``tokenizer``.
+def to_hf(model: TokenModel, added: list[AddedToken], template: Template, roles: Mapping[str, str],
+          token_to_id: Mapping[str, int]) -> dict[str, Any]:
+    """The ``tokenizer.json`` content for a tokenizer's parts (``Tokenizer.to_dict`` passes its own).
 
     Raises:
         ValueError: for a BPE model with a custom pattern and ``add_prefix_space`` (Hugging
             Face would add the space to every piece, not once per text).
     """
-    model = tokenizer.model
-    added = tokenizer.added_tokens
-    template = tokenizer.template
-    post = None if template.name == "none" else template.to_hf(tokenizer.token_to_id)
+    post = None if template.name == "none" else template.to_hf(token_to_id)
     if isinstance(model, BPEModel):
         body, pre, decoder = _bpe_to_hf(model), _bytelevel_pre(model), dict(_BYTELEVEL)
         normalizer = model.normalizer.spec if model.normalizer else None
@@ -79,8 +75,8 @@ def to_hf(tokenizer: "Tokenizer") -> dict[str, Any]:
         decoder, normalizer = {"type": "Fuse"}, None
     else:
         raise TypeError(f"tokenizer.model: cannot write {type(model).__name__} as tokenizer.json")
-    if tokenizer.roles != default_roles(model, added, template):
-        body = {**body, "attnlab_roles": dict(tokenizer.roles)}
+    if roles != default_roles(model, added, template):
+        body = {**body, "attnlab_roles": dict(roles)}
     return {
         "version": "1.0",
         "truncation": None,

@@ -16,37 +16,34 @@ The attention mask is 1 on real tokens and 0 on padding; padded token type ids a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
-if TYPE_CHECKING:
-    from attnlab.tokenizers.tokenizer import Tokenizer
+from attnlab.tokenizers.template import Template
 
 TRUNCATION = ("longest_first", "only_first", "only_second")
 PADDING = ("longest", "max_length")
 SIDES = ("right", "left")
 
 
+def _strategy(name: str, value: bool | str | None, when_true: str, allowed: tuple[str, ...]) -> str | None:
+    if value is False or value is None:
+        return None
+    if value is True:
+        return when_true
+    if value in allowed:
+        return value
+    raise ValueError(f"{name} must be True, False or one of {', '.join(allowed)}; got {value!r}")
+
+
 def truncation_strategy(truncation: bool | str) -> str | None:
     """Normalise the ``truncation`` argument: ``True`` → ``"longest_first"``, ``False`` → ``None``."""
-    if truncation is False or truncation is None:
-        return None
-    if truncation is True:
-        return "longest_first"
-    if truncation in TRUNCATION:
-        return truncation
-    raise ValueError(f"truncation must be True, False or one of {', '.join(TRUNCATION)}; got {truncation!r}")
+    return _strategy("truncation", truncation, "longest_first", TRUNCATION)
 
 
 def padding_strategy(padding: bool | str) -> str | None:
     """Normalise the ``padding`` argument: ``True`` → ``"longest"``, ``False`` → ``None``."""
-    if padding is False or padding is None:
-        return None
-    if padding is True:
-        return "longest"
-    if padding in PADDING:
-        return padding
-    raise ValueError(f"padding must be True, False, 'longest' or 'max_length'; got {padding!r}")
+    return _strategy("padding", padding, "longest", PADDING)
 
 
 def truncate_pair(
@@ -118,7 +115,10 @@ def pad_rows(rows: list[dict[str, list[int]]], length: int, pad_id: int, side: s
 
 
 def encode_inputs(
-    tokenizer: "Tokenizer",
+    encode: Callable[[str], list[int]],
+    template: Template,
+    token_to_id: Mapping[str, int],
+    pad_token_id: int | None,
     text: str | Sequence[str],
     text_pair: str | Sequence[str] | None = None,
     *,
@@ -132,7 +132,8 @@ def encode_inputs(
 ) -> dict[str, Any]:
     """``tokenizer(text, text_pair, ...)``: encode, truncate, apply the template, pad.
 
-    See ``Tokenizer.__call__`` for the arguments.
+    ``encode``, ``template``, ``token_to_id`` and ``pad_token_id`` are the tokenizer's parts
+    (``Tokenizer.__call__`` passes its own); see ``Tokenizer.__call__`` for the rest.
     """
     batched = not isinstance(text, str)
     texts = list(text) if batched else [text]
@@ -155,24 +156,24 @@ def encode_inputs(
 
     rows = []
     for i, first in enumerate(texts):
-        a = tokenizer.encode(first)
-        b = tokenizer.encode(pairs[i]) if pairs is not None else None
+        a = encode(first)
+        b = encode(pairs[i]) if pairs is not None else None
         if strategy:
-            added = tokenizer.template.num_added(b is not None) if add_special_tokens else 0
+            added = template.num_added(b is not None) if add_special_tokens else 0
             if max_length < added:
                 raise ValueError(f"max_length={max_length} leaves no room: the template adds {added} tokens")
             a, b = truncate_pair(a, b, max_length - added, strategy)
         if add_special_tokens:
-            ids, types = tokenizer.template.apply(a, b, tokenizer.token_to_id)
+            ids, types = template.apply(a, b, token_to_id)
         else:
             ids, types = a + (b or []), [0] * len(a) + [1] * len(b or [])
         rows.append({"input_ids": ids, "attention_mask": [1] * len(ids), "token_type_ids": types})
 
     length = padded_length([len(r["input_ids"]) for r in rows], pad, max_length, pad_to_multiple_of)
     if pad is not None:
-        if tokenizer.pad_token_id is None:
+        if pad_token_id is None:
             raise ValueError("padding needs a pad token; add one, e.g. tok.add_special_tokens({'pad': '<pad>'})")
-        rows = pad_rows(rows, length, tokenizer.pad_token_id, padding_side)
+        rows = pad_rows(rows, length, pad_token_id, padding_side)
     out = {key: [r[key] for r in rows] for key in ("input_ids", "attention_mask", "token_type_ids")}
     if return_tensors == "pt":
         if len({len(r) for r in out["input_ids"]}) > 1:

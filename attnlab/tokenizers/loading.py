@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from attnlab.io.files import read_json
 from attnlab.tokenizers import files
 from attnlab.tokenizers.bpe import BPEModel
 from attnlab.tokenizers.hf_json import from_hf
@@ -43,7 +44,7 @@ def load_parts(path: str | os.PathLike, *, lowercase: bool | None = None) -> dic
     if path.is_dir():
         layout = files.find_layout(path)
         if layout == ("tokenizer.json",):
-            return from_hf(files.read_json(path / "tokenizer.json"))
+            return from_hf(read_json(path / "tokenizer.json"))
         if layout == ("vocab.txt",):
             return _wordpiece_parts(path / "vocab.txt", lowercase)
         return _bpe_parts(path, layout)
@@ -53,7 +54,7 @@ def load_parts(path: str | os.PathLike, *, lowercase: bool | None = None) -> dic
             raise ValueError(f"path: {path.name} needs {merges.name} beside it in {str(path.parent)!r}")
         return _bpe_parts(path.parent, (path.name, merges.name))
     if path.suffix == ".json":
-        return from_hf(files.read_json(path))
+        return from_hf(read_json(path))
     if path.suffix == ".txt":
         return _wordpiece_parts(path, lowercase)
     raise ValueError(

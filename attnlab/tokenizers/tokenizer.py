@@ -12,17 +12,16 @@ Model inputs for a batch (``tokenizer(texts, pairs, ...)``): encode, truncate to
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from attnlab.io.files import atomic_write_json
 from attnlab.tokenizers import inputs
 from attnlab.tokenizers.base import TokenModel
 from attnlab.tokenizers.bytelevel import GPT2_PATTERN
 from attnlab.tokenizers.corpus import TextsOrFiles
-from attnlab.tokenizers.files import atomic_write_text
 from attnlab.tokenizers.hf_json import from_hf, to_hf
 from attnlab.tokenizers.loading import load_parts
 from attnlab.tokenizers.special import AddedToken, SpecialSplitter, check_roles, infer_roles, sentinel_index
@@ -157,7 +156,7 @@ class Tokenizer:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``tokenizer.json`` content (Hugging Face format)."""
-        return to_hf(self)
+        return to_hf(self.model, self.added_tokens, self.template, self.roles, self.token_to_id)
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write ``tokenizer.json`` atomically; returns the file written.
@@ -170,7 +169,7 @@ class Tokenizer:
         target = path if path.suffix == ".json" else path / "tokenizer.json"
         if target.is_dir():
             raise ValueError(f"path: {str(target)!r} is a folder; give a folder or a .json file name")
-        atomic_write_text(target, json.dumps(self.to_dict(), ensure_ascii=False, indent=2) + "\n")
+        atomic_write_json(target, self.to_dict(), indent=2)
         return target
 
     # ------------------------------------------------------------------ special tokens
@@ -421,7 +420,7 @@ class Tokenizer:
             >>> batch = tok(["a b", "c"], padding=True, pad_to_multiple_of=8)  # doctest: +SKIP
         """
         return inputs.encode_inputs(
-            self, text, text_pair, add_special_tokens=add_special_tokens, truncation=truncation,
+            self.encode, self.template, self.token_to_id, self.pad_token_id, text, text_pair, add_special_tokens=add_special_tokens, truncation=truncation,
             max_length=max_length, padding=padding, pad_to_multiple_of=pad_to_multiple_of,
             padding_side=padding_side, return_tensors=return_tensors,
         )

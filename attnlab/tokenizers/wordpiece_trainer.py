@@ -30,7 +30,7 @@ import heapq
 from collections import Counter, defaultdict
 
 from attnlab.tokenizers.bpe_trainer import _merge_word
-from attnlab.tokenizers.corpus import Progress
+from attnlab.io.progress import Progress
 
 CRITERIA = ("frequency", "likelihood")
 
@@ -105,7 +105,7 @@ def train_wordpiece(
 
     queue = [entry(p) for p in pair_counts if pair_counts[p] >= min_frequency]
     heapq.heapify(queue)
-    progress = Progress("merges", total=vocab_size - len(token_to_id), enabled=show_progress)
+    progress = Progress(vocab_size - len(token_to_id), unit="merge", desc="merges", enabled=show_progress)
     merged = 0
     while len(token_to_id) < vocab_size and queue:
         top = heapq.heappop(queue)
@@ -149,6 +149,6 @@ def train_wordpiece(
         for changed in touched:
             if pair_counts[changed] >= min_frequency:
                 heapq.heappush(queue, entry(changed))
-        progress.update(merged, f"({len(token_to_id)} tokens)")
+        progress.update(1, f"({len(token_to_id)} tokens)")
     progress.close(f"({len(token_to_id)} tokens)")
     return token_to_id

@@ -19,7 +19,6 @@ corrupted checkpoint is a clear `CheckpointError`, never a silent half-load.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from pathlib import Path
@@ -27,14 +26,14 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file, save_model, load_model
+from safetensors.torch import load_file, load_model
 
-from attnlab.data.cache import atomic_folder, sha256_file
-from attnlab.utils import atomic_write_text
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, truncated, corrupted or does not fit the model."""
+from attnlab.io.cache import sha256_file
+# the layout is read in attnlab.io (attnlab.load reads run folders); these names stay importable from here
+from attnlab.io.checkpoints import (CheckpointError, checkpoint_name, list_checkpoints, read_index, read_state,  # noqa: F401
+                                    resolve_checkpoint)
+from attnlab.io.files import atomic_folder, atomic_write_json
+from attnlab.io.weights import unique_state, write_safetensors
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
@@ -77,10 +76,6 @@ def set_rng_state(tensors: dict[str, torch.Tensor], data_generator: torch.Genera
         torch.cuda.set_rng_state_all([tensors[k] for k in cuda])
 
 
-def checkpoint_name(step: int) -> str:
-    return f"step-{step:08d}"
-
-
 def save_checkpoint(folder: str | os.PathLike, *, step: int, model: torch.nn.Module,
                     optimizer: torch.optim.Optimizer, schedule_state: dict, data_generator: torch.Generator,
                     extra: dict[str, Any] | None = None, metric: float | None = None, keep_last: int = 2) -> Path:
@@ -105,31 +100,21 @@ def save_checkpoint(folder: str | os.PathLike, *, step: int, model: torch.nn.Mod
         shutil.rmtree(stale, ignore_errors=True)
     name = checkpoint_name(step)
     with atomic_folder(folder / name) as tmp:  # renamed into place only when complete
-        save_model(model, str(tmp / "model.safetensors"))
+        write_safetensors(unique_state(model), tmp / "model.safetensors", metadata={"format": "pt"})
         tensors, plain = _optimizer_tensors(optimizer)
         tensors.update(rng_state(data_generator))
-        save_file(tensors, str(tmp / "optimizer.safetensors"))
+        write_safetensors(tensors, tmp / "optimizer.safetensors")
         state = {"step": step, "schedule": schedule_state, "optimizer": plain, "metric": metric,
                  "extra": extra or {},
                  "sha256": {f: sha256_file(tmp / f) for f in ("model.safetensors", "optimizer.safetensors")}}
-        atomic_write_text(tmp / "state.json", json.dumps(state, indent=1) + "\n")
+        atomic_write_json(tmp / "state.json", state, indent=1)
     index = read_index(folder)
     index["latest"] = name
     if metric is not None and (index.get("best_metric") is None or metric < index["best_metric"]):
         index["best"], index["best_metric"] = name, metric
-    atomic_write_text(folder / "index.json", json.dumps(index, indent=1) + "\n")
+    atomic_write_json(folder / "index.json", index, indent=1)
     _prune(folder, keep_last, keep={index.get("best"), name})
     return folder / name
-
-
-def read_index(folder: str | os.PathLike) -> dict[str, Any]:
-    path = Path(folder) / "index.json"
-    if not path.exists():
-        return {}
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        raise CheckpointError(f"{path} is corrupted (not JSON); delete it to rebuild from the checkpoint folders") from None
 
 
 def _prune(folder: Path, keep_last: int, keep: set) -> None:
@@ -137,57 +122,6 @@ def _prune(folder: Path, keep_last: int, keep: set) -> None:
     for name in names[:-keep_last] if keep_last else names:
         if name not in keep:
             shutil.rmtree(folder / name, ignore_errors=True)
-
-
-def list_checkpoints(folder: str | os.PathLike) -> list[Path]:
-    """Complete checkpoint folders under `folder`, oldest first."""
-    folder = Path(folder)
-    return sorted(p for p in folder.glob("step-*") if (p / "state.json").exists()) if folder.exists() else []
-
-
-def resolve_checkpoint(path: str | os.PathLike, which: str = "latest") -> Path:
-    """A checkpoint folder from a run folder, a `checkpoints/` folder or a checkpoint itself.
-
-    Args:
-        which: "latest" or "best" when `path` is a run or checkpoints folder.
-
-    Raises:
-        FileNotFoundError: nothing there.
-    """
-    path = Path(path)
-    if (path / "state.json").exists():
-        return path
-    folder = path / "checkpoints" if (path / "checkpoints").is_dir() else path
-    index = read_index(folder)
-    name = index.get(which) or index.get("latest")
-    if name and (folder / name / "state.json").exists():
-        return folder / name
-    found = list_checkpoints(folder)
-    if not found:
-        raise FileNotFoundError(f"no checkpoint under {str(path)!r} (expected checkpoints/step-*/state.json)")
-    return found[-1]
-
-
-def read_state(path: str | os.PathLike) -> dict[str, Any]:
-    """state.json of a checkpoint folder, after checking both files' sha256.
-
-    Raises:
-        CheckpointError: a missing file, unreadable JSON or a hash mismatch.
-    """
-    path = Path(path)
-    try:
-        state = json.loads((path / "state.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: state.json is missing; not a complete checkpoint") from None
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise CheckpointError(f"{path}/state.json is corrupted (not JSON)") from None
-    for name, expected in state.get("sha256", {}).items():
-        file = path / name
-        if not file.exists():
-            raise CheckpointError(f"{file} is missing")
-        if sha256_file(file) != expected:
-            raise CheckpointError(f"{file} is corrupted or truncated (sha256 differs from state.json)")
-    return state
 
 
 def load_checkpoint(path: str | os.PathLike, *, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,

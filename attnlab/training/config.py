@@ -1,28 +1,69 @@
-"""Typed training configuration: plain data, validated with errors that name the field.
+"""Typed training configuration: plain data, validated on load with errors that name the field.
 
     cfg = TrainConfig.from_dict(load_config_file("examples/shakespeare_char.yaml"))
-    cfg = apply_overrides(cfg_dict, ["model.num_layers=4", "optim.lr=3e-4"])
+    cfg = load_config(TrainConfig, "run.yaml", ["model.num_layers=4", "optim.lr=3e-4"])
 
-A config file has five sections: `model` (a preset name under `preset` plus any
-`ModelConfig` field), `data`, `optim`, `schedule` and `train`. Unknown keys and wrong types are
-errors naming the dotted field (e.g. `optim.lr: expected a number, got 'fast'`).
+A config file has five sections: `model`, `data`, `optim`, `schedule` and `train`. The `model`
+section is a preset name under `preset` plus any `ModelConfig` field (nested fields merge into
+the preset's), or `init_from` (a pretrained folder, see attnlab.training.init); on load it becomes
+a typed `TrainModelConfig`. What the data decides is filled in two steps:
+
+    on load          arch and head (and BERT's NSP parts) follow data.objective (`objective_fields`)
+    tokenizer known  vocab_size and pad_token_id are the tokenizer's (`Pipeline.model_overrides`)
+
+Unknown keys, wrong types and values out of range are errors naming the dotted field
+(`optim.lr: expected a number, got 'fast'`; see attnlab.config.validate).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-OBJECTIVES = ("causal_lm", "prefix_lm", "masked_lm", "span_corruption", "seq2seq")
+from attnlab import presets
+from attnlab.config import ModelConfig
+from attnlab.config.load import apply_overrides, from_dict, load_config, load_config_file, merge, parse_value, to_dict
+from attnlab.config.validate import ConfigError, check_types, choice, in_range, non_negative, positive
+from attnlab.training.objectives import OBJECTIVES
+
+__all__ = ["DataConfig", "OptimConfig", "RunConfig", "ScheduleConfig", "TokenizerConfig", "TrainConfig",
+           "TrainModelConfig", "apply_overrides", "load_config", "load_config_file", "objective_fields", "parse_value"]
+
+TOKENIZER_KINDS = ("char", "bpe", "wordpiece")
 SCHEDULES = ("constant", "cosine", "noam")
 OPTIMIZERS = ("adamw", "adam")
 PRECISIONS = ("fp32", "bf16")
+DEVICES = ("auto", "cpu", "cuda")
 NAN_POLICIES = ("stop", "skip")
+DEFAULT_PRESET = "tiny-decoder"
+
+
+@dataclass
+class TrainModelConfig(ModelConfig):
+    """The `model` section of a run: the ModelConfig to build, and where its weights start.
+
+    init_from: None (fresh weights), or an attnlab.save folder, an `attnlab train` run folder or a
+        Hugging Face folder whose weights and tokenizer the run starts from (the folder decides
+        the architecture; see attnlab.training.init).
+    add_special_tokens: tokens appended to that tokenizer (GPT's `[START]`, `[DELIM]`, ...).
+    """
+
+    init_from: str | None = None
+    add_special_tokens: list[str] = field(default_factory=list)
+
+    @classmethod
+    def expand_dict(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """`{"preset": name, **fields}` -> the preset's fields with `fields` merged in."""
+        if "preset" not in data:
+            return data
+        fields = dict(data)
+        name = fields.pop("preset")
+        choice("preset", name, presets.names())
+        if fields.get("init_from") is not None:
+            raise ConfigError("preset", f"{name!r} and init_from={fields['init_from']!r} both say where the model "
+                              "comes from; keep one")
+        return merge(presets.get(name).to_dict(), fields)
 
 
 @dataclass
@@ -33,8 +74,10 @@ class TokenizerConfig:
     vocab_size: int | None = None
     path: str | None = None
 
-    def validate(self, where: str) -> None:
-        _one_of(f"{where}.kind", self.kind, ("char", "bpe", "wordpiece"))
+    def __post_init__(self) -> None:
+        check_types(self, "data.tokenizer")
+        choice("data.tokenizer.kind", self.kind, TOKENIZER_KINDS)
+        positive("data.tokenizer.vocab_size", self.vocab_size, integer=True, optional=True)
 
 
 @dataclass
@@ -44,7 +87,7 @@ class DataConfig:
 
     source: str = "shakespeare"
     valid: str | None = None
-    objective: str = "causal_lm"
+    objective: str = "causal_lm"  # a key of attnlab.training.objectives.OBJECTIVES
     seq_len: int = 256
     batch_size: int = 32
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -56,24 +99,24 @@ class DataConfig:
     max_pair_len: int = 64  # seq2seq: tokens per side
     text_field: str = "text"  # JSONL text key
 
-    def validate(self, where: str) -> None:
-        _one_of(f"{where}.objective", self.objective, OBJECTIVES)
-        _positive(f"{where}.seq_len", self.seq_len)
-        _positive(f"{where}.batch_size", self.batch_size)
-        _positive(f"{where}.max_pair_len", self.max_pair_len)
+    def __post_init__(self) -> None:
+        s = "data."
+        check_types(self, "data")
+        choice(s + "objective", self.objective, OBJECTIVES)
+        objective = OBJECTIVES[self.objective]
+        for name in ("seq_len", "batch_size", "max_pair_len"):
+            positive(s + name, getattr(self, name), integer=True)
         for name in ("mask_prob", "noise_density"):
-            if not 0 < getattr(self, name) < 1:
-                raise ValueError(f"{where}.{name} must be in (0, 1), got {getattr(self, name)!r}")
-        if self.nsp and self.objective != "masked_lm":
-            raise ValueError(f"{where}.nsp=true needs {where}.objective='masked_lm' (an encoder with a [CLS] "
-                             f"token); objective {self.objective!r} trains a "
-                             f"{'decoder-only' if self.objective in ('causal_lm', 'prefix_lm') else 'encoder-decoder'} "
-                             "model, which has no next-sentence head")
+            in_range(s + name, getattr(self, name), 0, 1, low_open=True, high_open=True)
+        if self.nsp and not objective.next_sentence:
+            kind = {"decoder": "decoder-only", "encoder_decoder": "encoder-decoder"}.get(objective.arch, objective.arch)
+            fits = " or ".join(repr(name) for name, spec in OBJECTIVES.items() if spec.next_sentence)
+            raise ConfigError(s + "nsp", f"true needs data.objective={fits} (an encoder with a [CLS] token); "
+                              f"objective {self.objective!r} trains a {kind} model, which has no next-sentence head")
         if self.nsp and self.seq_len < 5:
-            raise ValueError(f"{where}.seq_len must be >= 5 with {where}.nsp ([CLS] A [SEP] B [SEP]), got {self.seq_len}")
-        if self.mean_span_length < 1:
-            raise ValueError(f"{where}.mean_span_length must be >= 1, got {self.mean_span_length!r}")
-        self.tokenizer.validate(f"{where}.tokenizer")
+            raise ConfigError(s + "seq_len", f"expected an integer >= 5 with data.nsp ([CLS] A [SEP] B [SEP]), "
+                              f"got {self.seq_len}")
+        in_range(s + "mean_span_length", self.mean_span_length, 1)
 
 
 @dataclass
@@ -89,18 +132,17 @@ class OptimConfig:
     grad_clip: float | None = 1.0
     label_smoothing: float = 0.0
 
-    def validate(self, where: str) -> None:
-        _one_of(f"{where}.name", self.name, OPTIMIZERS)
-        if not self.lr > 0:
-            raise ValueError(f"{where}.lr must be > 0, got {self.lr!r}")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"{where}.betas must be two numbers in [0, 1), got {self.betas!r}")
-        if self.weight_decay < 0:
-            raise ValueError(f"{where}.weight_decay must be >= 0, got {self.weight_decay!r}")
-        if self.grad_clip is not None and not self.grad_clip > 0:
-            raise ValueError(f"{where}.grad_clip must be > 0 or null, got {self.grad_clip!r}")
-        if not 0 <= self.label_smoothing < 1:
-            raise ValueError(f"{where}.label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
+    def __post_init__(self) -> None:
+        s = "optim."
+        check_types(self, "optim")
+        choice(s + "name", self.name, OPTIMIZERS)
+        positive(s + "lr", self.lr)
+        for i, beta in enumerate(self.betas):
+            in_range(f"{s}betas[{i}]", beta, 0, 1, high_open=True)
+        positive(s + "eps", self.eps)
+        non_negative(s + "weight_decay", self.weight_decay)
+        positive(s + "grad_clip", self.grad_clip, optional=True)
+        in_range(s + "label_smoothing", self.label_smoothing, 0, 1, high_open=True)
 
 
 @dataclass
@@ -112,12 +154,14 @@ class ScheduleConfig:
     warmup_steps: int = 100
     min_lr_ratio: float = 0.1
 
-    def validate(self, where: str) -> None:
-        _one_of(f"{where}.name", self.name, SCHEDULES)
-        if self.warmup_steps < 0 or (self.name == "noam" and self.warmup_steps == 0):
-            raise ValueError(f"{where}.warmup_steps must be >= 0 (> 0 for noam), got {self.warmup_steps!r}")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"{where}.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}")
+    def __post_init__(self) -> None:
+        s = "schedule."
+        check_types(self, "schedule")
+        choice(s + "name", self.name, SCHEDULES)
+        non_negative(s + "warmup_steps", self.warmup_steps, integer=True)
+        if self.name == "noam" and self.warmup_steps == 0:  # noam peaks at warmup_steps: 0 divides by zero
+            raise ConfigError(s + "warmup_steps", "expected an integer > 0 with schedule.name='noam', got 0")
+        in_range(s + "min_lr_ratio", self.min_lr_ratio, 0, 1)
 
 
 @dataclass
@@ -141,185 +185,92 @@ class RunConfig:
     bleu_samples: int = 200  # seq2seq: sentences decoded for BLEU/chrF at each evaluation
     threads: int | None = None  # torch.set_num_threads; None = leave as is
 
-    def validate(self, where: str) -> None:
+    def __post_init__(self) -> None:
+        s = "train."
+        check_types(self, "train")
         for name in ("max_steps", "grad_accum", "log_every", "eval_every", "eval_batches", "checkpoint_every",
                      "keep_last"):
-            _positive(f"{where}.{name}", getattr(self, name))
-        _one_of(f"{where}.precision", self.precision, PRECISIONS)
-        _one_of(f"{where}.device", self.device, ("auto", "cpu", "cuda"))
-        _one_of(f"{where}.nan_policy", self.nan_policy, NAN_POLICIES)
-        if self.early_stopping_patience is not None:
-            _positive(f"{where}.early_stopping_patience", self.early_stopping_patience)
+            positive(s + name, getattr(self, name), integer=True)
+        for name in ("early_stopping_patience", "threads"):
+            positive(s + name, getattr(self, name), integer=True, optional=True)
+        positive(s + "max_minutes", self.max_minutes, optional=True)
+        non_negative(s + "bleu_samples", self.bleu_samples, integer=True)
+        choice(s + "precision", self.precision, PRECISIONS)
+        choice(s + "device", self.device, DEVICES)
+        choice(s + "nan_policy", self.nan_policy, NAN_POLICIES)
+
+
+def objective_fields(objective: str, nsp: bool, arch: str) -> dict[str, Any]:
+    """The model fields a pretraining objective decides (`Objective.model_fields`): the stack
+    (arch) and its head, and with NSP BERT's segment embeddings, pooler and next-sentence
+    classifier. A recurrent encoder-decoder stays one (it trains on the encoder-decoder objectives).
+
+    Raises:
+        ConfigError: arch `rnn_encoder_decoder` with an objective that does not train an encoder-decoder.
+    """
+    spec = OBJECTIVES[objective]
+    if arch == "rnn_encoder_decoder":
+        if spec.arch != "encoder_decoder":
+            fits = " or ".join(repr(name) for name, o in OBJECTIVES.items() if o.arch == "encoder_decoder")
+            raise ConfigError("model.arch", f"'rnn_encoder_decoder' needs data.objective {fits}, got {objective!r}")
+        return {"head": spec.head}
+    return spec.model_fields(nsp)
 
 
 @dataclass
 class TrainConfig:
-    """A whole run. `model` is a dict: `preset` (optional) plus ModelConfig fields."""
+    """A whole run; `model` is resolved on load (see the module docstring)."""
 
-    model: dict = field(default_factory=lambda: {"preset": "tiny-decoder"})
+    model: TrainModelConfig = field(default_factory=lambda: TrainModelConfig.from_dict({"preset": DEFAULT_PRESET}))
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: RunConfig = field(default_factory=RunConfig)
 
     def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):
-            getattr(self, f.name).validate(f.name) if f.name != "model" else None
+        check_types(self)
+        implied = objective_fields(self.data.objective, self.data.nsp, self.model.arch)
+        if any(getattr(self.model, k) != v for k, v in implied.items()):  # a typed model built in Python
+            try:
+                self.model = self.model.replace(**implied)
+            except ConfigError as err:
+                raise err.moved("", "model") from None
+        if self.model.add_special_tokens and not self.model.init_from:
+            raise ConfigError("model.add_special_tokens", "needs model.init_from (tokens are added to a pretrained "
+                              "model's tokenizer); a tokenizer trained by the run takes its tokens from the data")
+
+    @classmethod
+    def expand_dict(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """Resolve the model section's preset, then apply what data.objective decides before the
+        model is validated (a tiny-decoder preset under masked_lm is an encoder)."""
+        model = data.get("model", {"preset": DEFAULT_PRESET})
+        section = data.get("data", {})
+        if not isinstance(model, dict) or not isinstance(section, dict):
+            return data  # the type check names the section
+        try:
+            model = TrainModelConfig.expand_dict(model)
+        except ConfigError as err:
+            raise err.moved("", "model") from None
+        objective, nsp = section.get("objective", DataConfig.objective), section.get("nsp", DataConfig.nsp)
+        arch = model.get("arch", ModelConfig.arch)
+        known = isinstance(objective, str) and objective in OBJECTIVES  # a list is unhashable: the type check says so
+        if known and isinstance(nsp, bool) and arch != "rnn_encoder_decoder":
+            model = {**model, **objective_fields(objective, nsp, arch)}  # anything else: __post_init__ says why
+        return {**data, "model": model}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
-        """Build and validate from plain data.
+        """Build and validate from plain data (a run config file, or a run folder's config.json).
 
         Raises:
-            ValueError: an unknown key, or a value out of range (the message names the dotted field).
-            TypeError: a value of the wrong type (named likewise).
+            ConfigError (a ValueError): an unknown key or a value out of range, naming the dotted field.
+            ConfigTypeError (a TypeError): a value of the wrong type, named likewise.
         """
-        return _build(cls, data, "")
+        return from_dict(cls, data)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return to_dict(self)
 
-    def model_config(self):
-        """The ModelConfig: the preset (if any) with the other `model` keys applied."""
-        from attnlab import presets
-        from attnlab.config import ModelConfig
-
-        fields = dict(self.model)
-        preset = fields.pop("preset", None)
-        if preset is None:
-            return ModelConfig.from_dict(fields)
-        base = presets.get(preset).to_dict()
-        for key, value in fields.items():
-            if isinstance(value, dict) and isinstance(base.get(key), dict):
-                base[key] = {**base[key], **value}
-            else:
-                base[key] = value
-        return ModelConfig.from_dict(base)
-
-
-# ---------------------------------------------------------------- validation helpers
-def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"{name}={value!r} is not one of {', '.join(allowed)}")
-
-
-def _positive(name: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
-def _convert(tp: Any, value: Any, name: str) -> Any:
-    """Check `value` against annotation `tp` (ints are accepted for floats; lists for tuples)."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        options = typing.get_args(tp)
-        if value is None and type(None) in options:
-            return None
-        errors = []
-        for option in options:
-            if option is type(None):
-                continue
-            try:
-                return _convert(option, value, name)
-            except TypeError as err:
-                errors.append(str(err))
-        raise TypeError(errors[0] if errors else f"{name}: unexpected value {value!r}")
-    if origin is tuple:
-        args = typing.get_args(tp)
-        if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise TypeError(f"{name}: expected a list of {len(args)} values, got {value!r}")
-        return tuple(_convert(a, v, f"{name}[{i}]") for i, (a, v) in enumerate(zip(args, value)))
-    if dataclasses.is_dataclass(tp):
-        return _build(tp, value, name)
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"{name}: expected a number, got {value!r}")
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name}: expected an integer, got {value!r}")
-        return value
-    if tp in (str, bool, dict):
-        if not isinstance(value, tp):
-            raise TypeError(f"{name}: expected {tp.__name__ if tp is not dict else 'a mapping'}, got {value!r}")
-        return value
-    return value
-
-
-def _build(cls: type, data: Any, where: str) -> Any:
-    label = where or "config"
-    if isinstance(data, cls):
-        return data
-    if not isinstance(data, dict):
-        raise TypeError(f"{label}: expected a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ValueError(f"unknown key(s) {', '.join(f'{where}.{k}' if where else k for k in unknown)}; "
-                         f"{label} takes {', '.join(sorted(known))}")
-    values = {k: _convert(hints[k], v, f"{where}.{k}" if where else k) for k, v in data.items()}
-    obj = cls.__new__(cls)
-    for f in dataclasses.fields(cls):  # defaults first, then given values, then validation
-        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        setattr(obj, f.name, values.get(f.name, default))
-    if hasattr(obj, "validate") and where:
-        obj.validate(where)
-    elif hasattr(obj, "__post_init__"):
-        obj.__post_init__()
-    return obj
-
-
-# ---------------------------------------------------------------- files and overrides
-def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a YAML (`.yaml`/`.yml`, needs pyyaml) or JSON config file into plain data.
-
-    Raises:
-        FileNotFoundError: no such file.
-        ValueError: unparseable content or a YAML file without pyyaml installed.
-    """
-    path = os.fspath(path)
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    if path.endswith((".yaml", ".yml")):
-        try:
-            import yaml
-        except ImportError:
-            raise ValueError(f"{path}: reading YAML needs pyyaml (pip install pyyaml), or write the config as JSON") from None
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as err:
-            raise ValueError(f"{path}: not valid YAML ({err})") from None
-    else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping at the top level")
-    return data
-
-
-def parse_value(raw: str) -> Any:
-    """A command-line value: JSON when it parses (numbers, true/false/null, lists), else the string."""
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return raw
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[tuple[str, Any]]) -> dict[str, Any]:
-    """Set dotted keys (`model.num_layers`, `optim.lr`) in a copy of plain config data."""
-    out = json.loads(json.dumps(data))
-    for key, value in overrides:
-        *parents, leaf = key.split(".")
-        if not parents or not leaf:
-            raise ValueError(f"override {key!r}: expected SECTION.FIELD, e.g. --model.num_layers 4")
-        target = out
-        for part in parents:
-            nxt = target.setdefault(part, {})
-            if not isinstance(nxt, dict):
-                raise ValueError(f"override {key!r}: {part!r} is not a section")
-            target = nxt
-        target[leaf] = value
-    return out
+    def model_config(self) -> ModelConfig:
+        """The ModelConfig to build: the model section without its run fields (init_from, ...)."""
+        return ModelConfig.from_dict({f.name: getattr(self.model, f.name) for f in dataclasses.fields(ModelConfig)})

@@ -59,15 +59,26 @@ def decay_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: nn.Module, name: str = "adamw", lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.99),
-                    eps: float = 1e-8, weight_decay: float = 0.1) -> torch.optim.Optimizer:
-    """AdamW (decoupled decay) or Adam (L2 decay added to the gradient) over `decay_groups`,
-    with PyTorch's fused implementation where the parameters allow it (else foreach).
+                    eps: float = 1e-8, weight_decay: float = 0.1, *, groups: list[dict] | None = None
+                    ) -> torch.optim.Optimizer:
+    """AdamW (decoupled decay) or Adam (L2 decay added to the gradient) over `decay_groups`
+    (or the given `groups`, e.g. layer-wise lr decay), with PyTorch's fused implementation where
+    the parameters allow it (else foreach).
+
+    Args:
+        groups: parameter groups with their own "weight_decay" and an optional "lr_scale"
+            (the group's learning rate relative to `lr`, kept by `Schedule`); bookkeeping keys
+            ("names", "depth") are dropped.
 
     Raises:
         ValueError: unknown name.
     """
-    groups = [{k: v for k, v in g.items() if k != "names"} for g in decay_groups(model, weight_decay)]
-    groups = [g for g in groups if g["params"]]
+    if groups is None:
+        groups = decay_groups(model, weight_decay)
+    keep = ("params", "weight_decay", "lr_scale")
+    groups = [{k: v for k, v in g.items() if k in keep} for g in groups if g["params"]]
+    for g in groups:
+        g["lr"] = lr * g.get("lr_scale", 1.0)
     if name not in ("adamw", "adam"):
         raise ValueError(f"optimizer name={name!r} is not one of adamw, adam")
     cls = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
@@ -115,7 +126,8 @@ def lr_factor(name: str, step: int, *, total_steps: int, warmup_steps: int = 0, 
 
 
 class Schedule:
-    """Sets each group's learning rate to `base_lr * lr_factor(...)` before every step.
+    """Sets each group's learning rate to `lr_scale * base_lr * lr_factor(...)` before every
+    step (`lr_scale`: the group's own factor, e.g. layer-wise decay; 1 when absent).
 
     Its state is the step count alone (JSON-serialisable), so a resumed run continues exactly.
     """
@@ -134,8 +146,9 @@ class Schedule:
         return self.base_lr * lr_factor(self.name, step, **self.kwargs)
 
     def apply(self) -> None:
+        lr = self.lr()
         for group in self.optimizer.param_groups:
-            group["lr"] = self.lr()
+            group["lr"] = lr * group.get("lr_scale", 1.0)
 
     def step(self) -> None:
         self.step_count += 1

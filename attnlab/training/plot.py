@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from attnlab.plots import plot_lines
+from attnlab.inspect.plots import plot_lines
 
 
 def write_loss_curve(path: str | os.PathLike, series: dict[str, list[tuple[float, float]]]) -> None:

@@ -27,12 +27,9 @@ def autocast(precision: str, device: torch.device):
 def _head_loss(stack: nn.Module, hidden: Tensor, labels: Tensor, label_smoothing: float) -> Tensor:
     head = stack.head
     keep = labels != IGNORE
-    if isinstance(head, LMHead):
+    if isinstance(head, (LMHead, MLMHead)):  # the head's transform on the picked rows, its output fused with the loss
         rows = hidden[keep] if not bool(keep.all()) else hidden.reshape(-1, hidden.shape[-1])
-        return linear_cross_entropy(rows, head.proj.weight, labels[keep], head.proj.bias, label_smoothing=label_smoothing)
-    if isinstance(head, MLMHead):
-        rows = head.norm(head.act(head.dense(hidden[keep])))  # (N_picked, D)
-        return linear_cross_entropy(rows, head.decoder.weight, labels[keep], head.decoder.bias,
+        return linear_cross_entropy(head.transform(rows), head.output_weight, labels[keep], head.output_bias,
                                     label_smoothing=label_smoothing)
     return cross_entropy(stack.apply_head(hidden, None), labels, label_smoothing=label_smoothing)
 

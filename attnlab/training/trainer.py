@@ -1,13 +1,18 @@
-"""The training loop: gradient accumulation, bf16 autocast, clipping, schedules, periodic
-evaluation, early stopping, checkpoints and exact resume.
+"""The one training loop, for every task (pretraining objectives, fine-tuning heads): gradient
+accumulation weighted by tokens, bf16 autocast, clipping, schedules, periodic evaluation, early
+stopping, the NaN policy, checkpoints and exact resume, data parallel under torchrun.
 
     trainer = Trainer(TrainConfig.from_dict(load_config_file("examples/shakespeare_char.json")))
     summary = trainer.fit()                  # or fit(resume=True) after an interruption
+    Trainer(config, task=task, model=model)  # any task (attnlab.training.task), e.g. a fine-tuning head
 
-One optimisation step = `grad_accum` micro-batches of `data.batch_size`. A resumed run restores
-weights, optimizer moments, the schedule, every RNG state and the data generator, so it takes
-the same batches and dropout masks as a run that was never stopped, and ends bitwise equal on
-CPU.
+One optimisation step = `grad_accum` micro-batches. Its loss is the sum of the micro-batches'
+token losses over the step's label tokens (attnlab.training.task). A resumed run restores
+weights, optimizer moments, the schedule, the trainer's RNG states, the data generator and the
+task's data position, so it takes the same batches and dropout masks as a run that was never
+stopped, and ends bitwise equal on CPU. Each trainer draws dropout from its own RNG state (saved
+and restored around `fit`), so several runs in one process (a seed sweep) do not disturb each
+other.
 """
 
 from __future__ import annotations
@@ -18,23 +23,22 @@ import os
 import platform
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
-from attnlab.data.progress import format_seconds
-from attnlab.evaluation import bleu_chrf, greedy_decode, perplexity
+from attnlab.io.progress import format_seconds
 from attnlab.training.checkpoint import list_checkpoints, load_checkpoint, read_index, resolve_checkpoint, save_checkpoint
 from attnlab.training.config import TrainConfig
+from attnlab.training.distributed import (all_reduce_sum, any_rank, data_parallel_loss, init_from_env, rank0_first,
+                                          shard_task)
 from attnlab.training.optim import Schedule, build_optimizer
 from attnlab.training.pipeline import Pipeline
 from attnlab.training.plot import write_loss_curve
-from attnlab.training.steps import autocast, count_tokens, eval_sums, to_device
-from attnlab.utils import atomic_write_text
-
-from attnlab.parallel import init_from_env  # [parallel] torchrun hooks, see attnlab/parallel/training.py
-from attnlab.parallel.training import any_rank, data_parallel_loss, rank0_first, shard_pipeline
+from attnlab.training.steps import autocast, count_tokens, to_device
+from attnlab.io.files import atomic_write_text
 
 
 class NonFiniteLossError(RuntimeError):
@@ -59,18 +63,22 @@ def pick_device(name: str) -> torch.device:
 
 
 class Trainer:
-    """Runs a TrainConfig.
+    """Runs a TrainConfig on a task.
 
     Args:
-        config: the run.
-        pipeline: prepared data (built from `config.data` when None).
-        model: a model to train (built from `config.model` and the tokenizer when None).
+        config: the run (`data` is read only when the task is built from it).
+        task: what to train on (attnlab.training.task); default: the pretraining objective of
+            `config.data` (a PretrainTask over `pipeline`).
+        pipeline: prepared data for the default task (built from `config.data` when None).
+        model: a model to train (default: from `config.model` — built, or loaded from
+            `model.init_from` — with the data's vocabulary).
         log: where progress lines go (print to stdout by default).
         show_progress: progress lines for tokenisation and steps.
     """
 
-    def __init__(self, config: TrainConfig, *, pipeline: Pipeline | None = None, model: torch.nn.Module | None = None,
-                 log: Callable[[str], None] | None = None, show_progress: bool = True):
+    def __init__(self, config: TrainConfig, *, task: Any = None, pipeline: Pipeline | None = None,
+                 model: torch.nn.Module | None = None, log: Callable[[str], None] | None = None,
+                 show_progress: bool = True):
         self.config = config
         self.out = Path(config.train.out_dir)
         self.log = log or (lambda text: print(text, flush=True))
@@ -84,27 +92,52 @@ class Trainer:
             self.device = self.parallel.device if self.device.type == "cuda" else self.device
             self.log = self.log if self.parallel.is_main else (lambda text: None)
         torch.manual_seed(run.seed)
-        with rank0_first(self.parallel):  # [parallel] rank 0 prepares the data cache first
-            self.pipeline = shard_pipeline(pipeline or Pipeline.build(config.data, self.out, show_progress=show_progress),
-                                           self.parallel)
-        if model is None:
-            from attnlab.models import build_model
+        self.pipeline = pipeline
+        if task is None:
+            from attnlab.training.init import pretrain_setup
 
-            model_cfg = config.model_config()
-            model_cfg = model_cfg.replace(**self.pipeline.model_overrides(model_cfg.arch))
-            model = build_model(model_cfg)
+            with rank0_first(self.parallel):  # [parallel] rank 0 prepares the data cache first
+                task, model = pretrain_setup(config, self.out, pipeline=pipeline, model=model,
+                                             show_progress=show_progress, log=self.log)
+            self.pipeline = task.pipeline
+        elif model is None:
+            raise ValueError("Trainer(task=...) needs the model to train (model=...)")
+        self.task = shard_task(task, self.parallel)  # [parallel] each rank its own batches
+        if hasattr(task, "prepare"):
+            task.prepare(model)  # freezing, re-initialisation: before the optimizer sees the parameters
         self.model = model.to(self.device)
-        self.train_loss = data_parallel_loss(self.model, self.parallel)  # [parallel] DDP(batch_loss) when dp > 1
+        self.train_loss = data_parallel_loss(self.model, self.parallel, task.loss)  # [parallel] DDP when dp > 1
         o = config.optim
-        self.optimizer = build_optimizer(self.model, o.name, o.lr, o.betas, o.eps, o.weight_decay)
+        groups = task.param_groups(self.model, o.lr, o.weight_decay) if hasattr(task, "param_groups") else None
+        self.optimizer = build_optimizer(self.model, o.name, o.lr, o.betas, o.eps, o.weight_decay, groups=groups)
         s = config.schedule
         self.schedule = Schedule(self.optimizer, s.name, o.lr, total_steps=run.max_steps, warmup_steps=s.warmup_steps,
                                  min_lr_ratio=s.min_lr_ratio, d_model=self.model.config.d_model)
         self.data_generator = torch.Generator().manual_seed(run.seed + 1)
+        self._rng = self._rng_now()  # this run's dropout stream (see the module docstring)
         self.step = 0
         self.best: float | None = None
         self.bad_evals = 0
         self.history: dict[str, list[tuple[int, float]]] = {"train": [], "valid": []}
+
+    def _rng_now(self) -> dict[str, torch.Tensor]:
+        state = {"cpu": torch.get_rng_state()}
+        if self.device.type == "cuda":
+            state["cuda"] = torch.cuda.get_rng_state(self.device)
+        return state
+
+    @contextmanager
+    def _own_rng(self) -> Iterator[None]:
+        """Run the block on this trainer's RNG state, then put the caller's back."""
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.set_rng_state(self._rng["cpu"])
+            if "cuda" in self._rng:
+                torch.cuda.set_rng_state(self._rng["cuda"], self.device)
+            try:
+                yield
+            finally:
+                self._rng = self._rng_now()
 
     # ---------------------------------------------------------------- files
     @property
@@ -146,6 +179,8 @@ class Trainer:
 
     def save(self, metric: float | None = None) -> Path:
         extra = {"best": self.best, "bad_evals": self.bad_evals}
+        if hasattr(self.task, "state_dict"):
+            extra["task"] = self.task.state_dict()  # the data position beyond the generator (epochs)
         path = self.checkpoint_dir
         if self.parallel.is_main:  # [parallel] one writer; the others wait for the checkpoint
             path = save_checkpoint(self.checkpoint_dir, step=self.step, model=self.model, optimizer=self.optimizer,
@@ -160,10 +195,13 @@ class Trainer:
             return False
         ckpt = resolve_checkpoint(path or self.checkpoint_dir, "latest")
         state = load_checkpoint(ckpt, model=self.model, optimizer=self.optimizer, data_generator=self.data_generator)
+        self._rng = self._rng_now()  # load_checkpoint set the RNG states to the checkpoint's
         self.schedule.load_state_dict(state["schedule"])
         self.step = int(state["step"])
         self.best = state["extra"].get("best")
         self.bad_evals = int(state["extra"].get("bad_evals", 0))
+        if hasattr(self.task, "load_state_dict"):
+            self.task.load_state_dict(state["extra"].get("task", {}))
         self._trim_metrics()
         self.log(f"resumed from {ckpt} at step {self.step}")
         return True
@@ -174,72 +212,55 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Validation loss and perplexity on the fixed eval batches; masked LM adds the accuracy
-        on masked positions, NSP runs the MLM and NSP losses (val_loss is their sum, as trained)
-        and the NSP accuracy, seq2seq BLEU/chrF."""
+        """The task's validation metrics (`val_loss` first); {} for a task without validation."""
         was_training = self.model.training
         self.model.eval()
-        sums: dict[str, float] = {}
-        for batch in self.pipeline.eval_batches(self.config.train.eval_batches):
-            batch = to_device(batch, self.device)
-            with self.autocast():
-                for key, value in eval_sums(self.model, batch).items():
-                    sums[key] = sums.get(key, 0) + value
-        count = max(sums.get("tokens", 0), 1)
-        result = {"val_loss": sums.get("loss_sum", 0.0) / count}
-        result["val_ppl"] = perplexity(result["val_loss"])  # of the token loss (MLM alone in NSP runs)
-        if "correct" in sums:
-            result["val_mlm_accuracy"] = sums["correct"] / count
-        if sums.get("nsp_count"):
-            result["val_mlm_loss"] = result["val_loss"]
-            result["val_nsp_loss"] = sums["nsp_loss_sum"] / sums["nsp_count"]
-            result["val_nsp_accuracy"] = sums["nsp_correct"] / sums["nsp_count"]
-            result["val_loss"] = result["val_mlm_loss"] + result["val_nsp_loss"]
-        if self.config.data.objective == "seq2seq" and self.config.train.bleu_samples:
-            result.update(self.translation_scores(self.config.train.bleu_samples))
-        self.model.train(was_training)
-        return result
-
-    @torch.no_grad()
-    def translation_scores(self, limit: int) -> dict[str, float]:
-        tok, cfg = self.pipeline.tokenizer, self.config.data
-        src, tgt = self.pipeline.valid
-        n = min(limit, src.num_documents)
-        max_new = min(cfg.max_pair_len + 1, self.model.config.position.max_len - 1)  # a table's context
-        hyps, refs = [], []
-        for start in range(0, n, cfg.batch_size):
-            batch = self.pipeline._pairs_batch(self.pipeline.valid, list(range(start, min(start + cfg.batch_size, n))))
-            out = greedy_decode(self.model, batch["src_ids"].to(self.device), batch["src_mask"].to(self.device),
-                                bos_id=tok.bos_token_id, eos_id=tok.eos_token_id, max_new_tokens=max_new)
-            for row in out[:, 1:].tolist():
-                row = row[: row.index(tok.eos_token_id)] if tok.eos_token_id in row else row
-                hyps.append(tok.decode(row, skip_special_tokens=True))
-            refs.extend(tok.decode(tgt.document(i).tolist()) for i in range(start, min(start + cfg.batch_size, n)))
-        return bleu_chrf(hyps, refs)
+        try:
+            return self.task.evaluate(self.model, self.device, self.config.train.precision)
+        finally:
+            self.model.train(was_training)
 
     # ---------------------------------------------------------------- the loop
-    def _train_step(self) -> tuple[float, int, bool]:
-        """One optimisation step; returns (mean loss, tokens, skipped)."""
+    def accumulate(self, batches: list[dict[str, torch.Tensor]]) -> tuple[float, dict[str, float], bool]:
+        """Forward and backward over the micro-batches of one step, each scaled by its share of
+        the step's weight (label tokens), so the gradients are those of sum(token losses) /
+        tokens. Returns (step loss, its named parts, non-finite); under data parallel the loss
+        and parts are over all ranks."""
+        weights = [self.task.weight(b) for b in batches]
+        total = all_reduce_sum(float(sum(weights)), self.parallel)  # [parallel] the tokens of all ranks
+        if total == 0:
+            return self._non_finite("no label tokens in the step's batches"), {}, True
+        loss_sum, parts_sum = 0.0, {}
+        for batch, weight in zip(batches, weights):
+            share = weight / total * self.parallel.dp_size  # DDP averages over ranks: undo its 1/dp
+            with self.autocast():
+                loss, parts = self.train_loss(batch, label_smoothing=self.config.optim.label_smoothing)  # [parallel]
+            if not torch.isfinite(loss):
+                return self._non_finite(f"loss is {float(loss.detach())}"), {}, True
+            (loss * share).backward()
+            loss_sum += float(loss.detach()) * share
+            for key, value in parts.items():
+                parts_sum[key] = parts_sum.get(key, 0.0) + value * share
+        if self.parallel.distributed:  # [parallel] each rank holds its share of the global sums
+            sums = self.parallel.all_reduce_mean({"loss": loss_sum, **parts_sum})
+            loss_sum, parts_sum = sums.pop("loss"), sums
+        return loss_sum, parts_sum, False
+
+    def _train_step(self) -> tuple[float, dict[str, float], int, bool]:
+        """One optimisation step; returns (loss, parts, tokens, skipped)."""
         run = self.config.train
         self.optimizer.zero_grad(set_to_none=True)
-        total, tokens = 0.0, 0
-        for _ in range(run.grad_accum):
-            batch = to_device(self.pipeline.train_batch(self.data_generator), self.device)
-            tokens += count_tokens(batch)
-            with self.autocast():
-                loss = self.train_loss(batch, label_smoothing=self.config.optim.label_smoothing)  # [parallel]
-            if not torch.isfinite(loss):
-                return self._non_finite(f"loss is {float(loss.detach())}"), tokens, True
-            (loss / run.grad_accum).backward()
-            total += float(loss.detach()) / run.grad_accum
+        batches = [to_device(self.task.train_batch(self.data_generator), self.device) for _ in range(run.grad_accum)]
+        tokens = sum(count_tokens(b) for b in batches) * self.parallel.dp_size
+        loss, parts, skipped = self.accumulate(batches)
+        if skipped:
+            return loss, parts, tokens, True
         if self.config.optim.grad_clip is not None:
             norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
             if not torch.isfinite(norm):
-                return self._non_finite(f"gradient norm is {float(norm)}"), tokens, True
+                return self._non_finite(f"gradient norm is {float(norm)}"), {}, tokens, True
         self.optimizer.step()
-        if self.parallel.distributed:  # [parallel] the mean over data-parallel ranks, tokens of all
-            total, tokens = self.parallel.all_reduce_mean({"loss": total})["loss"], tokens * self.parallel.dp_size
-        return total, tokens, False
+        return loss, parts, tokens, False
 
     def _non_finite(self, what: str) -> float:
         step = self.step + 1
@@ -250,11 +271,14 @@ class Trainer:
         self.log(f"warning: {what} at step {step}; step skipped (train.nan_policy=skip)")
         return float("nan")
 
-    def fit(self, resume: bool = False) -> dict[str, Any]:
-        """Train to `train.max_steps` (or early stopping, or `max_minutes`).
+    def fit(self, resume: bool = False, *, stop_at: int | None = None,
+            on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Train to `train.max_steps` (or early stopping, or `max_minutes`, or `stop_at`).
 
         Args:
             resume: continue from the run's latest checkpoint when there is one.
+            stop_at: pause after this step (checkpointed); a later `fit()` goes on from there.
+            on_step: called after every step with {"step", "loss", its parts, "lr", "skipped"}.
 
         Returns:
             a summary: steps, final train loss, best and last validation metrics, seconds.
@@ -273,64 +297,79 @@ class Trainer:
                                  "--resume, or choose another train.out_dir")
             if (self.out / "metrics.jsonl").exists() and self.parallel.is_main:  # [parallel]
                 (self.out / "metrics.jsonl").unlink()
+        end = run.max_steps if stop_at is None else min(stop_at, run.max_steps)
         self._write_config()
         self.model.train()
+        with self._own_rng():
+            summary = self._loop(end, on_step)
+        if summary["stop_reason"] != "stop_at":  # a pause (a sweep's probe) draws nothing: plotting costs a second
+            self.plot()
+        return summary
+
+    def _loop(self, end: int, on_step: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
+        run = self.config.train
         start = time.perf_counter()
         first_step = self.step
         window_loss, window_tokens, window_start = [], 0, time.perf_counter()
         last_eval: dict[str, float] = {}
         stop_reason = "max_steps"
         train_loss = first_loss = float("nan")
-        while self.step < run.max_steps:
-            loss, tokens, skipped = self._train_step()
+        while self.step < end:
+            loss, parts, tokens, skipped = self._train_step()
+            lr = self.schedule.lr()
             self.schedule.step()
             self.step += 1
             window_tokens += tokens
             if not skipped:
-                window_loss.append(loss)
+                window_loss.append((loss, parts))
                 train_loss = loss
                 first_loss = loss if math.isnan(first_loss) else first_loss
+            if on_step is not None:
+                on_step({"step": self.step, "loss": loss, **parts, "lr": lr, "skipped": skipped})
             if self.step % run.log_every == 0 or self.step == run.max_steps:
                 elapsed = time.perf_counter() - window_start
-                mean = sum(window_loss) / len(window_loss) if window_loss else float("nan")
+                mean = sum(x for x, _ in window_loss) / len(window_loss) if window_loss else float("nan")
+                means = {k: sum(p.get(k, 0.0) for _, p in window_loss) / len(window_loss) for k in parts}
                 tps = window_tokens / max(elapsed, 1e-9)
                 done = time.perf_counter() - start
                 eta = done / max(self.step - first_step, 1) * (run.max_steps - self.step)
-                self._metrics({"step": self.step, "train_loss": mean, "lr": self.schedule.lr(self.step - 1),
-                               "tokens_per_s": tps, "elapsed_s": done, "skipped": skipped})
+                self._metrics({"step": self.step, "train_loss": mean, **means, "lr": lr, "tokens_per_s": tps,
+                               "elapsed_s": done, "skipped": skipped})
                 self.history["train"].append((self.step, mean))
-                self.log(f"step {self.step:>6}/{run.max_steps} | loss {mean:.4f} | lr {self.schedule.lr(self.step - 1):.2e}"
+                self.log(f"step {self.step:>6}/{run.max_steps} | loss {mean:.4f} | lr {lr:.2e}"
                          f" | {tps:,.0f} tok/s | ETA {format_seconds(eta)}")
                 window_loss, window_tokens, window_start = [], 0, time.perf_counter()
             timed_out = run.max_minutes is not None and time.perf_counter() - start > 60 * run.max_minutes
             timed_out = any_rank(timed_out, self.parallel) if run.max_minutes is not None else timed_out  # [parallel]
             metric = None
             if self.step % run.eval_every == 0 or self.step == run.max_steps or timed_out:
-                last_eval = self.evaluate()
-                metric = last_eval["val_loss"]
-                self._metrics({"step": self.step, **last_eval})
-                self.history["valid"].append((self.step, metric))
-                self.log("eval  " + " | ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
-                if self.best is None or metric < self.best:
-                    self.best, self.bad_evals = metric, 0
-                else:
-                    self.bad_evals += 1
-                if run.early_stopping_patience is not None and self.bad_evals >= run.early_stopping_patience:
-                    stop_reason = "early_stopping"
-                self.plot()
+                last_eval = self.evaluate() or last_eval
+                if "val_loss" in last_eval:
+                    metric = last_eval["val_loss"]
+                    self._metrics({"step": self.step, **last_eval})
+                    self.history["valid"].append((self.step, metric))
+                    self.log("eval  " + " | ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
+                    if self.best is None or metric < self.best:
+                        self.best, self.bad_evals = metric, 0
+                    else:
+                        self.bad_evals += 1
+                    if run.early_stopping_patience is not None and self.bad_evals >= run.early_stopping_patience:
+                        stop_reason = "early_stopping"
+                    self.plot()
             if timed_out:
                 stop_reason = "max_minutes"
-            if self.step % run.checkpoint_every == 0 or self.step == run.max_steps or stop_reason != "max_steps":
+            if (self.step % run.checkpoint_every == 0 or self.step in (run.max_steps, end)
+                    or stop_reason != "max_steps"):
                 self.save(metric)
             if stop_reason != "max_steps":
                 self.log(f"stopping at step {self.step}: {stop_reason}")
                 break
-        self.plot()
+        if stop_reason == "max_steps" and self.step < run.max_steps:
+            stop_reason = "stop_at"  # paused: fit() again goes on
         seconds = time.perf_counter() - start
-        summary = {"steps": self.step, "stop_reason": stop_reason, "first_loss": first_loss, "train_loss": train_loss, "best_val_loss": self.best,
-                   **last_eval, "seconds": seconds, "out_dir": str(self.out),
-                   "best_checkpoint": read_index(self.checkpoint_dir).get("best")}
-        return summary
+        return {"steps": self.step, "stop_reason": stop_reason, "first_loss": first_loss, "train_loss": train_loss,
+                "best_val_loss": self.best, **last_eval, "seconds": seconds, "out_dir": str(self.out),
+                "best_checkpoint": read_index(self.checkpoint_dir).get("best")}
 
     def plot(self) -> None:
         """loss.png beside metrics.jsonl (train in blue, validation in red)."""

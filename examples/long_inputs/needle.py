@@ -43,8 +43,14 @@ def config(kernel: str, window: int, layers: int) -> ModelConfig:
     return ModelConfig(arch="encoder", vocab_size=VOCAB, d_model=64, num_layers=layers, num_heads=2, d_ff=128,
                        dropout=0.0, norm_placement="pre", position={"scheme": "none"}, head="classification",
                        num_labels=len(NEEDLES), classifier_pooling="first",
-                       attention={"kernel": kernel, "window": window, "global_token_id": CLS
-                                  if kernel == "longformer" else None})
+                       attention={"kernel": kernel, "kernel_options": KERNEL_OPTIONS[kernel](window)})
+
+
+KERNEL_OPTIONS = {  # attention.kernel_options of each kernel compared, for a window w
+    "auto": lambda w: {},
+    "sliding_window": lambda w: {"window": w},
+    "longformer": lambda w: {"window": w, "global_token_id": CLS},  # [CLS] global by token id
+}
 
 
 def _rss(field: str) -> int:
@@ -125,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     text = json.dumps(results, indent=2)
     print(text)
     if args.out:
-        from attnlab.utils import atomic_write_text
+        from attnlab.io.files import atomic_write_text
 
         atomic_write_text(args.out, text + "\n")
     return 0

@@ -99,7 +99,7 @@ def main() -> None:
             results.append(row)
             print(json.dumps(row), flush=True)
     if args.out:
-        from attnlab.utils import atomic_write_text
+        from attnlab.io.files import atomic_write_text
 
         atomic_write_text(args.out, json.dumps(results, indent=2) + "\n")
 

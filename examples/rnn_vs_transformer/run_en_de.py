@@ -32,7 +32,7 @@ import torch
 from attnlab.data.sources import resolve_source
 from attnlab.training import TrainConfig, Trainer
 from attnlab.training.pipeline import Pipeline, build_tokenizer
-from attnlab.utils import atomic_write_text
+from attnlab.io.files import atomic_write_text
 
 D = 256  # embedding width of every model; recurrent hidden size
 
@@ -115,7 +115,7 @@ def curves(run: Path) -> dict[str, list[tuple[int, float]]]:
 
 
 def plot_curves(runs: dict[str, Path], out: Path) -> None:
-    from attnlab.plots import plot_lines
+    from attnlab.inspect.plots import plot_lines
 
     for key, label in (("val_loss", "validation loss (nats/token)"), ("bleu", "BLEU (greedy)")):
         series = {}
@@ -138,7 +138,7 @@ def plot_gradient_flow(runs: dict[str, Path], pipeline: Pipeline, out: Path, win
     positions of validation sentences."""
     import attnlab
     from attnlab.inspect.gradient_flow import source_gradient_norms
-    from attnlab.plots import plot_lines
+    from attnlab.inspect.plots import plot_lines
 
     batches = validation_pairs(pipeline, window, 64)
     series, table = {}, {}
@@ -164,7 +164,7 @@ def plot_alignment(run: Path, pipeline: Pipeline, out: Path) -> str:
     import attnlab
     from attnlab.decoding import generate
     from attnlab.inspect.attention_maps import attention_maps
-    from attnlab.plots import plot_alignment as draw
+    from attnlab.inspect.plots import plot_alignment as draw
 
     model, tok = attnlab.load(run), pipeline.tokenizer
     batch = next(b for b in validation_pairs(pipeline, 8, 200) if b["src_ids"].shape[1] <= 14)

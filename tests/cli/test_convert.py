@@ -4,12 +4,11 @@ import json
 
 import pytest
 import torch
+import transformers
 
-transformers = pytest.importorskip("transformers")
-
-from attnlab.cli.main import main  # noqa: E402
-from attnlab.serialization import load  # noqa: E402
-from tests.interop.helpers import TOL, randomize, real_max_diff, single_thread  # noqa: E402
+from attnlab.cli.main import main
+from attnlab.io.serialization import load
+from tests.interop.helpers import TOL, randomize, real_max_diff, single_thread
 
 pytestmark = pytest.mark.usefixtures(single_thread.__name__)
 

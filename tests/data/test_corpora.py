@@ -6,7 +6,7 @@ import zipfile
 import pytest
 
 from attnlab.data import corpora
-from attnlab.data.cache import sha256_file
+from attnlab.io.cache import sha256_file
 
 
 def test_strip_play_markdown():

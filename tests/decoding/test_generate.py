@@ -4,6 +4,7 @@ per-row EOS and lengths, stop strings, and clear errors for bad input."""
 import pytest
 import torch
 
+from attnlab import build_model, presets
 from attnlab.decoding import generate
 from tests.models.helpers import SCHEMES
 
@@ -185,3 +186,36 @@ def test_models_without_an_lm_head_and_non_tensors_are_type_errors():
         generate(tiny("encoder"), torch.tensor([[1, 2]]), 3)
     with pytest.raises(TypeError, match="input_ids"):
         generate(tiny("decoder"), [[1, 2]], 3)
+
+
+def test_greedy_translation_equals_the_argmax_chain_of_full_decodes():
+    """What evaluation's former greedy loops computed: generate with the decoder start and EOS
+    ids gives each row's argmax chain under full `decode` passes, EOS-padded once finished."""
+    torch.manual_seed(0)
+    model = build_model(presets.get("tiny-encoder-decoder")).eval()
+    src = torch.randint(3, 97, (3, 7))
+    mask = torch.ones_like(src)
+    mask[1, 5:] = 0
+    out = generate(model, src, 10, attention_mask=mask, eos_token_id=2, pad_token_id=2, decoder_start_token_id=1)
+    with torch.no_grad():
+        memory = model.encode(src, mask)
+        ref = torch.full((3, 1), 1)
+        done = torch.zeros(3, dtype=torch.bool)
+        for _ in range(10):
+            nxt = model.decode(ref, memory, mask)[:, -1].argmax(-1).masked_fill(done, 2)
+            ref = torch.cat([ref, nxt[:, None]], 1)
+            done |= nxt == 2
+            if bool(done.all()):
+                break
+    assert torch.equal(out, ref)
+
+
+def test_greedy_continuation_is_the_argmax_chain():
+    torch.manual_seed(0)
+    model = build_model(presets.get("tiny-decoder")).eval()
+    out = generate(model, torch.tensor([[5, 6]]), 4)[0].tolist()
+    ids = [5, 6]
+    with torch.no_grad():
+        for _ in range(4):
+            ids.append(int(model(torch.tensor([ids]))[0, -1].argmax()))
+    assert out == ids

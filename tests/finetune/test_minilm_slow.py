@@ -25,7 +25,7 @@ def _finetune(name: str, data: dict, out: Path, model: str | None = None) -> dic
 @pytest.mark.slow
 def test_minilm_reaches_90_percent_on_held_out_translation_pairs(tmp_path):
     from attnlab.finetune.tasks import lexicon_pairs, translation_pairs
-    from attnlab.sentence import minilm_folder
+    from attnlab.interop.sentence import minilm_folder
 
     words = _finetune("translation_pairs_lexicon_minilm.json",
                       lexicon_pairs(tmp_path / "lexicon", seed=0, vocabulary=minilm_folder() / "vocab.txt"),

@@ -55,7 +55,8 @@ def test_auxiliary_lm_loss_is_cls_plus_lambda_lm_by_hand():
         task_loss(with_head(tiny("encoder"), "classification", 2), batch, labels, lm_weight=lam)
 
 
-def test_finetuning_learns_a_toy_task_and_transfers_to_another():
+@pytest.mark.parametrize("steps", [30, pytest.param(60, marks=pytest.mark.slow)])  # 30 reach 1.0 here
+def test_finetuning_learns_a_toy_task_and_transfers_to_another(steps):
     torch.manual_seed(0)
     tok = char_tokenizer()
     rows = colour_rows(96)
@@ -63,8 +64,8 @@ def test_finetuning_learns_a_toy_task_and_transfers_to_another():
     labels = LabelMap.from_examples(exs)
     model = with_head(tiny("encoder", num_layers=2), "classification", len(labels), pooling="mean", seed=0)
     run = Finetuner(model, tok, exs[:64], labels.encode(exs[:64]),
-                    Recipe(lr=3e-3, max_steps=60, batch_size=16, warmup_ratio=0.0), seed=0)
-    run.train(60)
+                    Recipe(lr=3e-3, max_steps=steps, batch_size=16, warmup_ratio=0.0), seed=0)
+    run.train(steps)
     assert run.evaluate(exs[64:], labels.encode(exs[64:]))["accuracy"] >= 0.9
     # task B (2 labels: does the text contain "red"?) starts from task A's backbone with a new head
     b_model = with_head(run.model, "classification", 2, seed=1)
@@ -74,7 +75,8 @@ def test_finetuning_learns_a_toy_task_and_transfers_to_another():
             assert torch.equal(p, dict(b_model.named_parameters())[name])
 
 
-def test_bf16_recipe_runs_the_forward_in_bf16_keeps_fp32_weights_and_learns():
+@pytest.mark.parametrize("steps", [30, pytest.param(60, marks=pytest.mark.slow)])  # 30 reach 1.0 here
+def test_bf16_recipe_runs_the_forward_in_bf16_keeps_fp32_weights_and_learns(steps):
     torch.manual_seed(0)
     tok = char_tokenizer()
     exs = [Example(t, label=y) for t, y in colour_rows(96)]
@@ -83,13 +85,13 @@ def test_bf16_recipe_runs_the_forward_in_bf16_keeps_fp32_weights_and_learns():
     seen = []
     model.head.register_forward_hook(lambda m, args, out: seen.append(out.dtype))
     run = Finetuner(model, tok, exs[:64], labels.encode(exs[:64]),
-                    Recipe(lr=3e-3, max_steps=60, batch_size=16, warmup_ratio=0.0, precision="bf16"), seed=0)
-    run.train(60)
+                    Recipe(lr=3e-3, max_steps=steps, batch_size=16, warmup_ratio=0.0, precision="bf16"), seed=0)
+    run.train(steps)
     assert set(seen) == {torch.bfloat16}
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert run.predict(exs[:2]).dtype == torch.float32 and seen[-1] == torch.bfloat16
     assert run.evaluate(exs[64:], labels.encode(exs[64:]))["accuracy"] >= 0.9
-    with pytest.raises(ValueError, match="precision must be fp32 or bf16"):
+    with pytest.raises(ValueError, match="recipe.precision: 'fp16' is not one of fp32, bf16"):
         Recipe(precision="fp16")
 
 

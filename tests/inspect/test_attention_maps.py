@@ -1,10 +1,10 @@
 import pytest
 import torch
 
-import attnlab.nn.attention as attention_module
+import attnlab.nn.kernels.sdpa as sdpa_module
 from attnlab import ModelConfig, build_model
 from attnlab.inspect.attention_maps import attention_maps, capture_attention, select_modules, stack_layers
-from attnlab.plots import plot_alignment, plot_head_grid
+from attnlab.inspect.plots import plot_alignment, plot_head_grid
 from tests.models.helpers import ids, tiny
 
 
@@ -45,13 +45,13 @@ def test_captured_weights_equal_eager_and_outputs_unchanged(scheme):
 def test_unchosen_modules_keep_fused_kernel(monkeypatch):
     model = tiny("decoder", "rotary")
     calls = []
-    real = attention_module.sdpa_attention
+    real = sdpa_module.sdpa_attention
 
     def counting(*a, **k):
         calls.append(1)
         return real(*a, **k)
 
-    monkeypatch.setattr(attention_module, "sdpa_attention", counting)
+    monkeypatch.setattr(sdpa_module, "sdpa_attention", counting)
     x = ids(2, 6)
     model(x)
     assert len(calls) == 2  # both layers fused without capture

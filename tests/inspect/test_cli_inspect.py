@@ -5,8 +5,8 @@ import torch
 
 from attnlab import ModelConfig, build_model
 from attnlab.cli.main import main
-from attnlab.interop.files import read_safetensors
-from attnlab.serialization import save
+from attnlab.io.weights import read_safetensors
+from attnlab.io.serialization import save
 from attnlab.tokenizers import Tokenizer
 
 TEXTS = ["the cat sat on the mat", "a dog ran in the park"]

@@ -25,7 +25,7 @@ def test_removed_heads_equal_masked_heads(scheme, score):
     out = pruned(src, tgt, src_mask)
     torch.testing.assert_close(out, masked, rtol=1e-5, atol=1e-5)
     assert pruned.encoder.layers[0].self_attn.num_heads == 2
-    assert pruned.encoder.layers[0].self_attn.q_proj.out_features == 2 * 8
+    assert pruned.encoder.layers[0].self_attn.qkv_proj.out_features == 3 * 2 * 8  # q, k, v of 2 heads
     assert pruned.decoder.layers[1].cross_attn.out_proj.in_features == 8
     assert model.encoder.layers[0].self_attn.num_heads == 4  # the original is untouched
     full = model(src, tgt, src_mask)
@@ -69,8 +69,9 @@ def test_importance_is_the_gradient_of_the_mask():
 def test_entropy_of_a_uniform_head_is_log_n():
     model = tiny("encoder")
     with torch.no_grad():
-        model.layers[0].self_attn.q_proj.weight.zero_()
-        model.layers[0].self_attn.q_proj.bias.zero_()
+        q = model.layers[0].self_attn.qkv_proj
+        q.weight[:32].zero_()  # the q rows of the fused q | k | v (d_model 32)
+        q.bias[:32].zero_()
     ent = attention_entropy(model, [(ids(2, 6),)])
     torch.testing.assert_close(ent["layers.0.self_attn"], torch.full((4,), math.log(6)))
     assert (ent["layers.1.self_attn"] < math.log(6) + 1e-5).all()

@@ -4,12 +4,11 @@ that stand in the way."""
 
 import pytest
 import torch
+import transformers
 
-transformers = pytest.importorskip("transformers")
-
-import attnlab  # noqa: E402
-from attnlab.interop import hf_export, to_hf  # noqa: E402
-from tests.interop.helpers import TOL, single_thread  # noqa: E402
+import attnlab
+from attnlab.interop import hf_export, to_hf
+from tests.interop.helpers import TOL, single_thread
 
 pytestmark = pytest.mark.usefixtures(single_thread.__name__)
 

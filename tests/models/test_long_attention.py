@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from attnlab import ModelConfig, build_model
+from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.kv_cache import KVCache
 from tests.models.helpers import assert_cached_steps_equal_full
 
@@ -16,11 +17,12 @@ LONG = {
 }
 
 
-def model_for(arch, kernel, scheme="rotary", **att):
+def model_for(arch, kernel, scheme="rotary", options=None, **att):
     position = {"scheme": scheme, "max_len": 64, "relative_max_distance": 4, "relative_values": False}
     cfg = ModelConfig(arch=arch, vocab_size=V, d_model=32, num_layers=2, num_heads=4, d_ff=64, dropout=0.0,
                       norm_placement="pre", position=position,
-                      attention={"kernel": kernel, **LONG.get(kernel, {}), **att})
+                      attention={"kernel": kernel, "kernel_options": {**LONG.get(kernel, {}), **(options or {})},
+                                 **att})
     return build_model(cfg).eval()
 
 
@@ -30,7 +32,7 @@ def dense_reference(model):
     def force(module, args, kwargs):
         return args, {**kwargs, "need_weights": True}
     return [m.register_forward_pre_hook(force, with_kwargs=True) for m in model.modules()
-            if getattr(m, "long_kernel", None) is not None]
+            if isinstance(m, MultiHeadAttention) and m.kernel.supports.pattern]
 
 
 def run(model, arch, x, mask):
@@ -94,15 +96,15 @@ def test_cached_decoding_equals_full_forward(kernel):
 
 def test_longformer_global_token_id_equals_global_positions():
     torch.manual_seed(0)
-    by_id = model_for("encoder", "longformer", global_positions=[], global_token_id=7)
-    by_pos = model_for("encoder", "longformer", global_positions=[3, 15])
+    by_id = model_for("encoder", "longformer", options={"global_positions": [], "global_token_id": 7})
+    by_pos = model_for("encoder", "longformer", options={"global_positions": [3, 15]})
     by_pos.load_state_dict(by_id.state_dict())
     x, mask = batch()
     x[x == 7] = 8
     x[:, [3, 15]] = 7
     with torch.no_grad():
         torch.testing.assert_close(by_id(x, mask), by_pos(x, mask), atol=1e-6, rtol=1e-5)
-        decoder, cache = model_for("decoder", "longformer", global_token_id=7), KVCache(8)
+        decoder, cache = model_for("decoder", "longformer", options={"global_token_id": 7}), KVCache(8)
         decoder(x[:, :4], cache=cache)  # the prompt sees its own ids
         with pytest.raises(ValueError, match="global_token_id"):
             decoder(x[:, 4:5], cache=cache)  # a step cannot see the ids of the cached keys
@@ -110,7 +112,7 @@ def test_longformer_global_token_id_equals_global_positions():
 
 def test_linformer_encoder_ignores_right_padding():
     torch.manual_seed(0)
-    model = model_for("encoder", "linformer", "rotary", linformer_k=8, linformer_max_len=32)
+    model = model_for("encoder", "linformer", "rotary", options={"k": 8, "max_len": 32})
     x, _ = batch(20)
     padded = torch.cat([x, torch.zeros(2, 6, dtype=torch.long)], 1)
     mask = torch.cat([torch.ones(2, 20, dtype=torch.long), torch.zeros(2, 6, dtype=torch.long)], 1)
@@ -120,23 +122,43 @@ def test_linformer_encoder_ignores_right_padding():
 
 def test_bigbird_layers_draw_different_random_blocks():
     model = model_for("encoder", "bigbird")
-    masks = [layer.self_attn.long_kernel.dense_mask(64, False) for layer in model.layers]
+    masks = [layer.self_attn.kernel.dense_mask(64, False) for layer in model.layers]
     assert not torch.equal(masks[0], masks[1])
     again = model_for("encoder", "bigbird")
-    assert torch.equal(again.layers[1].self_attn.long_kernel.dense_mask(64, False), masks[1])
+    assert torch.equal(again.layers[1].self_attn.kernel.dense_mask(64, False), masks[1])
 
 
 @pytest.mark.parametrize("bad,match", [
-    ({"kernel": "sliding_window", "window": -1}, "attention.window"),
-    ({"kernel": "bigbird", "block_size": 0}, "attention.block_size"),
-    ({"kernel": "longformer", "global_positions": [-1]}, "attention.global_positions"),
-    ({"kernel": "longformer", "global_token_id": 999}, "attention.global_token_id"),
-    ({"kernel": "linformer", "linformer_sharing": "kv"}, "attention.linformer_sharing"),
-    ({"kernel": "bigbird", "score": "additive"}, "attention.kernel='bigbird'"),
+    ({"kernel": "sliding_window", "kernel_options": {"window": -1}}, "attention.kernel_options.window"),
+    ({"kernel": "bigbird", "kernel_options": {"block_size": 0}}, "attention.kernel_options.block_size"),
+    ({"kernel": "longformer", "kernel_options": {"global_positions": [-1]}},
+     "attention.kernel_options.global_positions"),
+    ({"kernel": "longformer", "kernel_options": {"global_token_id": 999}}, "attention.kernel_options.global_token_id"),
+    ({"kernel": "linformer", "kernel_options": {"sharing": "kv"}}, "attention.kernel_options.sharing"),
+    ({"kernel": "linformer", "kernel_options": {"window": 4}}, "attention.kernel_options.window: unknown"),
+    ({"kernel": "bigbird", "score": "additive"}, "attention.kernel: 'bigbird'"),
+    # the flat fields of older configs name the grouped field they went to
+    ({"kernel": "sliding_window", "window": -1}, "attention.kernel_options.window"),
+    ({"kernel": "linformer", "linformer_sharing": "kv"}, "attention.kernel_options.sharing"),
 ])
 def test_config_errors_name_the_field(bad, match):
     with pytest.raises(ValueError, match=match):
         ModelConfig(arch="encoder", vocab_size=V, attention=bad)
+
+
+def test_configs_with_flat_kernel_fields_still_load():
+    """Configs saved before the kernel options were grouped: the chosen kernel's flat fields move
+    into kernel_options, the others' (every saved config held them all) are dropped."""
+    old = {"kernel": "bigbird", "window": 256, "global_positions": [], "global_token_id": None, "block_size": 4,
+           "window_blocks": 1, "global_blocks": 1, "random_blocks": 1, "random_seed": 3, "linformer_k": 256,
+           "linformer_max_len": 4096, "linformer_sharing": "layer"}
+    cfg = ModelConfig.from_dict({"arch": "encoder", "vocab_size": V, "attention": old})
+    assert cfg.attention == ModelConfig(arch="encoder", vocab_size=V,
+                                        attention={"kernel": "bigbird", "kernel_options": LONG["bigbird"]}).attention
+    linformer = ModelConfig.from_dict({"arch": "encoder",
+                                       "attention": {**old, "kernel": "linformer", "linformer_k": 8}})
+    assert (linformer.attention.kernel_options.k, linformer.attention.kernel_options.max_len) == (8, 4096)
+    assert ModelConfig.from_dict({"attention": {**old, "kernel": "auto"}}).attention == ModelConfig().attention
 
 
 def test_config_refuses_linformer_where_it_cannot_work():
@@ -146,3 +168,18 @@ def test_config_refuses_linformer_where_it_cannot_work():
         ModelConfig(arch="encoder", attention={"kernel": "linformer"}, position={"scheme": "alibi"})
     with pytest.raises(ValueError, match="relative_values"):
         ModelConfig(arch="encoder", attention={"kernel": "sliding_window"}, position={"scheme": "relative"})
+    with pytest.raises(ValueError, match="relative_values"):
+        ModelConfig(arch="encoder", attention={"kernel": "sdpa"}, position={"scheme": "relative"})
+
+
+def test_weights_saved_when_the_kernel_was_long_kernel_still_load():
+    from attnlab.io.weights import load_state
+
+    model = model_for("encoder", "linformer", "rotary", options={"k": 8, "max_len": 32})
+    old = {name.replace(".kernel.", ".long_kernel."): t.clone() for name, t in model.state_dict().items()}
+    assert any(".long_kernel.e_proj" in name for name in old)
+    for load in (lambda m: m.load_state_dict(old), lambda m: load_state(m, old)):
+        again = model_for("encoder", "linformer", "rotary", options={"k": 8, "max_len": 32})
+        load(again)
+        for name, t in model.state_dict().items():
+            assert torch.equal(again.state_dict()[name], t), name

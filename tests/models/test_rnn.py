@@ -62,7 +62,7 @@ def test_attention_weights_are_distributions_over_real_source(attention):
 def test_bottleneck_has_no_attention_and_config_validation():
     assert rnn_model("lstm", "none").attention is None
     assert len(attention_maps_or_empty(rnn_model("lstm", "none"))) == 0
-    with pytest.raises(ValueError, match="rnn.attention='dot'"):
+    with pytest.raises(ValueError, match="rnn.attention: 'dot'"):
         ModelConfig(arch="rnn_encoder_decoder", rnn={"attention": "dot", "bidirectional": True})
     with pytest.raises(ValueError, match="rnn.cell"):
         ModelConfig(arch="rnn_encoder_decoder", rnn={"cell": "transformer"})
@@ -104,3 +104,4 @@ def test_tiny_lstm_with_luong_attention_overfits_one_batch():
 @pytest.mark.slow
 def test_tiny_lstm_with_bahdanau_attention_overfits_one_batch():
     assert _overfit("additive", 80) < 0.05
+

@@ -180,7 +180,10 @@ def _overfit(model, step_loss, steps=300):
 
 
 @pytest.mark.parametrize("arch", ["decoder", "encoder", "encoder_decoder"])
-def test_tiny_model_overfits_one_batch(arch):
+@pytest.mark.parametrize("steps, below", [
+    pytest.param(300, 0.05, id="overfit"),  # stops at 0.05, about 75 steps here
+])
+def test_tiny_model_overfits_one_batch(arch, steps, below):
     torch.manual_seed(0)
     cfg = ModelConfig(arch=arch, vocab_size=V, d_model=64, num_layers=2, num_heads=4, d_ff=128, dropout=0.0,
                       norm_placement="pre", position={"scheme": "sinusoidal"},
@@ -189,11 +192,59 @@ def test_tiny_model_overfits_one_batch(arch):
     x, src = ids(4, 16), ids(4, 12)
     ce = torch.nn.functional.cross_entropy
     if arch == "decoder":
-        loss = _overfit(model, lambda: ce(model(x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1)))
+        loss = _overfit(model, lambda: ce(model(x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1)), steps)
     elif arch == "encoder":
         corrupted = x.clone()
         corrupted[:, ::3] = 0  # a [MASK]-like id; predict the originals everywhere
-        loss = _overfit(model, lambda: ce(model(corrupted).reshape(-1, V), x.reshape(-1)))
+        loss = _overfit(model, lambda: ce(model(corrupted).reshape(-1, V), x.reshape(-1)), steps)
     else:
-        loss = _overfit(model, lambda: ce(model(src, x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1)))
-    assert loss < 0.05
+        loss = _overfit(model, lambda: ce(model(src, x[:, :-1]).reshape(-1, V), x[:, 1:].reshape(-1)), steps)
+    assert loss < below
+
+
+# ---- checkpoints from before the fused projections still load --------------------------------
+
+def _legacy_state(model) -> dict:
+    """The state dict as attnlab wrote it before q/k/v and w1/w3 were fused: q_proj, k_proj,
+    v_proj per attention, w1 and w3 per gated feed-forward."""
+    out = {}
+    for name, t in model.state_dict().items():
+        prefix, _, leaf = name.rpartition(".")
+        if prefix.endswith("qkv_proj"):
+            attn = model.get_submodule(prefix.rpartition(".")[0])
+            q, kv = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
+            for part, chunk in zip("qkv", t.split([q, kv, kv])):
+                out[f"{prefix[:-len('qkv_proj')]}{part}_proj.{leaf}"] = chunk.clone()
+        elif prefix.endswith("kv_proj"):
+            for part, chunk in zip("kv", t.chunk(2)):
+                out[f"{prefix[:-len('kv_proj')]}{part}_proj.{leaf}"] = chunk.clone()
+        elif prefix.endswith("w13"):
+            for part, chunk in zip(("w1", "w3"), t.chunk(2)):
+                out[f"{prefix[:-len('w13')]}{part}.{leaf}"] = chunk.clone()
+        else:
+            out[name] = t.clone()
+    return out
+
+
+@pytest.mark.parametrize("arch, kw", [
+    ("decoder", {"activation": "swiglu", "attention": {"num_kv_heads": 2}}),
+    ("encoder_decoder", {"activation": "geglu"}),
+    ("encoder", {}),
+])
+def test_checkpoints_with_separate_projections_load_with_identical_logits(arch, kw, tmp_path):
+    import attnlab
+    from attnlab.io.weights import write_safetensors
+
+    model = tiny(arch, "rotary", **kw)
+    legacy = _legacy_state(model)
+    assert any(k.endswith("k_proj.weight") for k in legacy) and not any("qkv_proj" in k for k in legacy)
+    src, x = ids(2, 6), ids(2, 5)
+    with torch.no_grad():
+        want = _run(model, arch, x, src=src)
+        fresh = build_model(model.config).eval()
+        fresh.load_state_dict(legacy)  # torch's loader
+        assert torch.equal(_run(fresh, arch, x, src=src), want)
+        folder = attnlab.save(model, tmp_path / "old")  # then its tensors as the old version named them
+        write_safetensors(legacy, folder / "model.safetensors")
+        assert torch.equal(_run(attnlab.load(folder), arch, x, src=src), want)  # attnlab's strict loader
+

@@ -33,8 +33,9 @@ def test_weights_are_a_distribution_and_masked_keys_get_zero():
 def test_one_head_with_identity_projections_outputs_lie_in_the_values_convex_hull():
     attn = MultiHeadAttention(8, 1, bias=True, kernel="eager")
     with torch.no_grad():
-        for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.out_proj):
-            proj.weight.copy_(torch.eye(8))
+        attn.qkv_proj.weight.copy_(torch.eye(8).repeat(3, 1))  # q, k and v: each the identity
+        attn.out_proj.weight.copy_(torch.eye(8))
+        for proj in (attn.qkv_proj, attn.out_proj):
             proj.bias.zero_()
     x = torch.randn(3, 5, 8) * 3
     out, w = attn(x, need_weights=True)
@@ -114,7 +115,7 @@ def test_sdpa_equals_eager(score, position, num_kv_heads):
 
 
 def test_cross_attention_sdpa_equals_eager():
-    eager, fused = mha(kernel="eager"), mha(kernel="sdpa")
+    eager, fused = mha(kernel="eager", cross_attention=True), mha(kernel="sdpa", cross_attention=True)
     fused.load_state_dict(eager.state_dict())
     x, mem = torch.randn(2, 4, D), torch.randn(2, 7, D)
     mem_mask = padding_mask(torch.tensor([[1] * 7, [1] * 3 + [0] * 4]))
@@ -147,18 +148,19 @@ def test_general_score_starts_as_scaled_dot():
 @pytest.mark.parametrize("kernel", ["eager", "sdpa"])
 def test_equals_torch_multihead_attention(kernel):
     ref = nn.MultiheadAttention(D, H, batch_first=True).eval()
-    ours = mha(kernel=kernel).eval()
-    with torch.no_grad():
-        wq, wk, wv = ref.in_proj_weight.chunk(3)
-        bq, bk, bv = ref.in_proj_bias.chunk(3)
-        for proj, w, b in ((ours.q_proj, wq, bq), (ours.k_proj, wk, bk), (ours.v_proj, wv, bv),
-                           (ours.out_proj, ref.out_proj.weight, ref.out_proj.bias)):
+    ours, cross = mha(kernel=kernel).eval(), mha(kernel=kernel, cross_attention=True).eval()
+    with torch.no_grad():  # torch's in_proj is q | k | v fused, as our qkv_proj; cross: q_proj and kv_proj
+        wq, wkv = ref.in_proj_weight.split([D, 2 * D])
+        bq, bkv = ref.in_proj_bias.split([D, 2 * D])
+        for proj, w, b in ((ours.qkv_proj, ref.in_proj_weight, ref.in_proj_bias), (cross.q_proj, wq, bq),
+                           (cross.kv_proj, wkv, bkv), (ours.out_proj, ref.out_proj.weight, ref.out_proj.bias),
+                           (cross.out_proj, ref.out_proj.weight, ref.out_proj.bias)):
             proj.weight.copy_(w)
             proj.bias.copy_(b)
     x, mem = torch.randn(3, 6, D), torch.randn(3, 8, D)
     am = torch.tensor([[1] * 8, [1] * 5 + [0] * 3, [1] * 2 + [0] * 6])
     expected, expected_w = ref(x, mem, mem, key_padding_mask=~am.bool(), average_attn_weights=False)
-    out, w = ours(x, mem, mask=padding_mask(am), need_weights=kernel == "eager")
+    out, w = cross(x, mem, mask=padding_mask(am), need_weights=kernel == "eager")
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     if w is not None:
         torch.testing.assert_close(w, expected_w, atol=1e-6, rtol=1e-5)

@@ -3,7 +3,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnlab.nn.layers import FeedForward, Residual, activation_fn, make_norm
+from attnlab.nn.activations import activation_fn
+from attnlab.nn.layers import FeedForward, Residual
+from attnlab.nn.norms import make_norm
 
 
 def test_feed_forward_formula():
@@ -16,7 +18,8 @@ def test_feed_forward_formula():
 def test_gated_feed_forward_formula():
     ffn = FeedForward(8, 16, "swiglu", bias=False)
     x = torch.randn(2, 3, 8)
-    expected = (F.silu(x @ ffn.w1.weight.T) * (x @ ffn.w3.weight.T)) @ ffn.w2.weight.T
+    w1, w3 = ffn.w13.weight.chunk(2)  # fused: W1's rows, then W3's
+    expected = (F.silu(x @ w1.T) * (x @ w3.T)) @ ffn.w2.weight.T
     torch.testing.assert_close(ffn(x), expected)
 
 

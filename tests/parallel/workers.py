@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import attnlab
 from attnlab.parallel.checkpoint import gather_full_state, save_full_checkpoint
 from attnlab.parallel.data import shard_batch, wrap_model
-from attnlab.parallel.tensor import tensor_parallel, vocab_parallel_cross_entropy
+from attnlab.parallel.tensor import local_part, tensor_parallel, vocab_parallel_cross_entropy
 
 VOCAB = 64
 
@@ -70,7 +70,7 @@ def _equivalence(ctx, arch: str, overrides: dict) -> None:
         ref = full_params[name].grad
         dim = getattr(p, "tp_dim", None)
         if dim is not None:
-            ref = ref.chunk(ctx.tp_size, dim=dim)[ctx.tp_rank]
+            ref = local_part(ref, p, ctx.tp_size, ctx.tp_rank)
             sharded += 1
         torch.testing.assert_close(p.grad, ref, atol=1e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
     if sharded == 0:

@@ -4,11 +4,10 @@ Marian (right-padded sources), 20 prompts each, with an EOS the models actually 
 
 import pytest
 import torch
+import transformers
 
-transformers = pytest.importorskip("transformers")
-
-from attnlab.decoding import generate  # noqa: E402
-from attnlab.interop import from_hf  # noqa: E402
+from attnlab.decoding import generate
+from attnlab.interop import from_hf
 
 V, N_PROMPTS, MAX_NEW = 96, 20, 12
 

@@ -2,12 +2,11 @@
 
 import pytest
 import torch
+import transformers
 
-transformers = pytest.importorskip("transformers")
-
-from attnlab.interop import from_hf, save_hf, to_hf  # noqa: E402
-from attnlab.nn.masks import positions_from_mask  # noqa: E402
-from tests.interop.helpers import (TOL, assert_round_trip, randomize, real_max_diff, right_padded,  # noqa: E402
+from attnlab.interop import from_hf, save_hf, to_hf
+from attnlab.nn.masks import positions_from_mask
+from tests.interop.helpers import (TOL, assert_round_trip, randomize, real_max_diff, right_padded,
                                    single_thread)
 
 pytestmark = pytest.mark.usefixtures(single_thread.__name__)

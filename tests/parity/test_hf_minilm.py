@@ -13,11 +13,10 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
 
-transformers = pytest.importorskip("transformers")
-
-from attnlab.sentence import DownloadError, embed, load_minilm, minilm_folder  # noqa: E402
-from tests.interop.helpers import single_thread  # noqa: E402
+from attnlab.interop.sentence import DownloadError, embed, load_minilm, minilm_folder
+from tests.interop.helpers import single_thread
 
 pytestmark = pytest.mark.usefixtures(single_thread.__name__)
 

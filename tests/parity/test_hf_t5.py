@@ -2,11 +2,10 @@
 
 import pytest
 import torch
+import transformers
 
-transformers = pytest.importorskip("transformers")
-
-from attnlab.interop import from_hf, save_hf  # noqa: E402
-from tests.interop.helpers import (TOL, assert_round_trip, randomize, real_max_diff, right_padded,  # noqa: E402
+from attnlab.interop import from_hf, save_hf
+from tests.interop.helpers import (TOL, assert_round_trip, randomize, real_max_diff, right_padded,
                                    single_thread)
 
 pytestmark = pytest.mark.usefixtures(single_thread.__name__)

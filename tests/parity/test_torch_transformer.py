@@ -11,10 +11,14 @@ D, H, FF, L, V = 32, 4, 64, 2, 40
 
 
 def _copy_attention(ref: nn.MultiheadAttention, ours) -> None:
-    wq, wk, wv = ref.in_proj_weight.chunk(3)
-    bq, bk, bv = ref.in_proj_bias.chunk(3)
-    for proj, w, b in ((ours.q_proj, wq, bq), (ours.k_proj, wk, bk), (ours.v_proj, wv, bv),
-                       (ours.out_proj, ref.out_proj.weight, ref.out_proj.bias)):
+    """torch's in_proj is q | k | v fused: ours too (self-attention), or q and a fused k | v (cross)."""
+    wq, wkv = ref.in_proj_weight.split([D, 2 * D])
+    bq, bkv = ref.in_proj_bias.split([D, 2 * D])
+    if ours.qkv_proj is not None:
+        pairs = [(ours.qkv_proj, ref.in_proj_weight, ref.in_proj_bias)]
+    else:
+        pairs = [(ours.q_proj, wq, bq), (ours.kv_proj, wkv, bkv)]
+    for proj, w, b in pairs + [(ours.out_proj, ref.out_proj.weight, ref.out_proj.bias)]:
         proj.weight.copy_(w)
         proj.bias.copy_(b)
 

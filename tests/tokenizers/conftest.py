@@ -55,7 +55,7 @@ def gpt2_vocab_merges(gpt2_dir):
 @pytest.fixture(scope="session")
 def tiktoken_gpt2(gpt2_vocab_merges):
     """tiktoken's GPT-2 encoding, built from the same files (its own download needs a hub)."""
-    tiktoken = pytest.importorskip("tiktoken")
+    import tiktoken
     vocab, _ = gpt2_vocab_merges
     table = char_to_byte()
     ranks = {bytes(table[c] for c in token): rank for token, rank in vocab.items() if token != "<|endoftext|>"}
@@ -66,7 +66,7 @@ def tiktoken_gpt2(gpt2_vocab_merges):
 @pytest.fixture(scope="session")
 def hf_gpt2(gpt2_vocab_merges):
     """transformers' GPT2TokenizerFast from the same files (vocab=/merges=, not *_file=)."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
     vocab, merges = gpt2_vocab_merges
     tok = transformers.GPT2TokenizerFast(vocab=vocab, merges=merges)
     assert len(tok) == 50257, "transformers ignored the vocabulary"
@@ -76,7 +76,7 @@ def hf_gpt2(gpt2_vocab_merges):
 @pytest.fixture(scope="session")
 def hf_bert(bert_dir):
     """transformers' BertTokenizerFast (uncased) from the same vocab.txt."""
-    transformers = pytest.importorskip("transformers")
+    import transformers
     lines = (bert_dir / "vocab.txt").read_text(encoding="utf-8").splitlines()
     tok = transformers.BertTokenizerFast(vocab={t.rstrip(): i for i, t in enumerate(lines)}, do_lower_case=True)
     assert len(tok) == 30522, "transformers ignored the vocabulary"

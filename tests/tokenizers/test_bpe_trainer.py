@@ -14,13 +14,12 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+import tokenizers as hf
 
 from attnlab.tokenizers import Tokenizer
 from attnlab.tokenizers.bpe_trainer import _merge_word, train_bpe
 from attnlab.tokenizers.bytelevel import to_byte_chars
 from tokenizer_samples import training_corpus
-
-hf = pytest.importorskip("tokenizers")
 
 
 def hf_train(lines, vocab_size, min_frequency, special_tokens):

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import pytest
 
-from attnlab.tokenizers.corpus import Progress, count_words, iter_sequences
+from attnlab.tokenizers.corpus import count_words, iter_sequences
 
 
 def test_texts_paths_and_single_paths(tmp_path: Path):
@@ -25,16 +24,3 @@ def test_texts_paths_and_single_paths(tmp_path: Path):
 def test_count_words_skips_special_tokens():
     counts = count_words(["a b<eos>a", "b"], str.split, special_tokens=["<eos>"])
     assert counts == {"a": 2, "b": 2}
-
-
-def test_progress_writes_one_line():
-    stream = io.StringIO()
-    progress = Progress("merges", total=10, stream=stream)
-    progress._last = -1.0  # force a redraw
-    progress.update(5, "half")
-    progress.close("done")
-    out = stream.getvalue()
-    assert "merges: 5/10 half" in out and out.endswith("\n")
-    quiet = io.StringIO()
-    Progress("x", enabled=False, stream=quiet).close()
-    assert quiet.getvalue() == ""

@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import tokenizers as hf
 
 from attnlab.tokenizers import Tokenizer
 from tokenizer_samples import VARIED_TEXTS, training_corpus
-
-hf = pytest.importorskip("tokenizers")
 SAMPLES = VARIED_TEXTS + ["with <|endoftext|> and [CLS] x [SEP] [MASK] <pad> inside"]
 PAIRS = [("first part", "second part"), ("Hello, world!", "")]
 
@@ -118,7 +117,7 @@ def test_real_bert_tokenizer_json_loads(bert_dir):
 
 
 def test_transformers_gpt2_folder_loads(tmp_path, gpt2_vocab_merges, gpt2_shared):
-    transformers = pytest.importorskip("transformers")
+    import transformers
     vocab, merges = gpt2_vocab_merges
     transformers.GPT2TokenizerFast(vocab=vocab, merges=merges).save_pretrained(str(tmp_path))
     ours = Tokenizer.load(tmp_path)

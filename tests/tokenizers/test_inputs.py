@@ -10,7 +10,7 @@ from attnlab.tokenizers.inputs import padded_length, truncate_pair
 
 @pytest.fixture(scope="module")
 def hf_bert_json(bert_dir):
-    hf = pytest.importorskip("tokenizers")
+    import tokenizers as hf
     tok = hf.Tokenizer.from_file(str(bert_dir / "tokenizer.json"))
     tok.no_padding()
     return tok

@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 
-from attnlab import downloads
+from attnlab.io import downloads
 from attnlab.tokenizers import pretrained
 from attnlab.tokenizers.pretrained import BERT_UNCASED, GPT2, DownloadError, fetch
 

@@ -64,7 +64,7 @@ def test_crash_during_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch)
             f.write(b"half a file")
         raise KeyboardInterrupt("killed mid-write")
 
-    monkeypatch.setattr(ck, "save_file", crash)
+    monkeypatch.setattr(ck, "write_safetensors", crash)
     with pytest.raises(KeyboardInterrupt):
         _save(tmp_path, 2, model, opt, gen)
     assert {p.name: p.read_bytes() for p in good.iterdir()} == before

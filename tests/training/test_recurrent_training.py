@@ -102,10 +102,10 @@ def test_train_two_steps_then_translate_eval_and_load_the_run_folder(tmp_path, c
 @pytest.mark.parametrize("override,message", [
     (["--model.rnn.cell", "transformer"], "rnn.cell"),
     (["--model.rnn.hidden_size", "0"], "rnn.hidden_size"),
-    (["--model.rnn.attention", "dot", "--model.rnn.bidirectional", "true"], "rnn.attention='dot'"),
+    (["--model.rnn.attention", "dot", "--model.rnn.bidirectional", "true"], "rnn.attention: 'dot'"),
     (["--model.rnn.cells", "lstm"], "unknown rnn field"),
     (["--data.objective", "causal_lm", "--data.source", "{text}", "--data.valid", "{text}"],
-     "model.arch='rnn_encoder_decoder' needs data.objective"),
+     "model.arch: 'rnn_encoder_decoder' needs data.objective"),
 ])
 def test_a_bad_recurrent_config_is_an_error_naming_the_field(tmp_path, capsys, override, message):
     path = tmp_path / "run.json"

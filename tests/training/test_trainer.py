@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnlab.data.cache import sha256_file
+from attnlab.io.cache import sha256_file
 from attnlab.training import NonFiniteLossError, TrainConfig, Trainer
 from attnlab.training.checkpoint import resolve_checkpoint
 from tests.training.helpers import tiny_config
@@ -68,6 +68,9 @@ def _run_cli(config_path, *extra, env):
                             cwd=Path(__file__).resolve().parents[2])
 
 
+# three CLI processes, so `make test-slow`; test_resume_equals_an_uninterrupted_run and
+# test_checkpoint.py's crash-during-write test guard the same in the default suite
+@pytest.mark.slow
 def test_sigkill_at_a_random_step_then_resume_is_bitwise_exact(tmp_path):
     env = {**os.environ, "ATTNLAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     configs = {}
@@ -178,3 +181,33 @@ def test_a_fresh_run_refuses_a_folder_with_checkpoints(tmp_path):
     _trainer(tmp_path, max_steps=2).fit()
     with pytest.raises(ValueError, match="--resume"):
         _trainer(tmp_path, max_steps=2).fit()
+
+
+def test_accumulation_weighs_every_token_equally_however_micro_batches_are_masked(tmp_path):
+    """Two micro-batches with 60 and 12 label tokens: the accumulated gradient (and loss) is the
+    one big batch's — sum of token losses / 72 — not the mean of the two micro-batch means."""
+    from attnlab.training.losses import IGNORE
+    from attnlab.training.steps import batch_loss
+
+    trainer = _trainer(tmp_path, max_steps=1, grad_accum=2)
+    g = torch.Generator().manual_seed(0)
+    batches = [trainer.pipeline.train_batch(g) for _ in range(2)]
+    batches[1]["labels"][:, 3:] = IGNORE  # 4 rows x 3 real tokens against 4 x 16 (minus nothing)
+    batches[0]["labels"][0, :4] = IGNORE
+    assert [trainer.task.weight(b) for b in batches] == [60, 12]
+    big = {k: torch.cat([b[k] for b in batches]) for k in batches[0]}
+    model = trainer.model
+    model.eval()  # no dropout: the two paths see the same network
+    model.zero_grad()
+    loss, _, skipped = trainer.accumulate(batches)
+    accumulated = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    reference = batch_loss(model, big)
+    reference.backward()
+    assert not skipped and loss == pytest.approx(float(reference.detach()), rel=1e-6)
+    for a, b in zip(accumulated, (p.grad for p in model.parameters())):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    model.zero_grad()  # the mean of micro-batch means weighs the 12 tokens as much as the 60: another gradient
+    for b in batches:
+        (batch_loss(model, b) / 2).backward()
+    assert not all(torch.allclose(a, p.grad, rtol=1e-3, atol=1e-6) for a, p in zip(accumulated, model.parameters()))

@@ -1,0 +1,131 @@
+"""`save(model, path, tokenizer=None)` and `load(path)`: a model as a folder of plain files.
+
+    path/
+      config.json         ModelConfig.to_json() — plain data
+      model.safetensors   every tensor once, by its attnlab name; tied tensors stored once
+      tokenizer.json      when a tokenizer is given (Hugging Face format)
+
+No pickle, ever: tensors go through safetensors, the config through JSON. Writing is atomic
+(`atomic_folder`): the files are written into a temporary folder beside `path`, which is
+swapped in at the end, so a crash leaves the previous folder (or nothing), never half of a
+new one; a folder that attnlab did not write is never replaced.
+
+    attnlab.save(model, "run/model", tokenizer=tok)
+    model = attnlab.load("run/model")                              # eval mode
+    model, tok = attnlab.load("run/model", with_tokenizer=True)    # tok is None without tokenizer.json
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from attnlab.config import ModelConfig
+from attnlab.io.checkpoints import read_state, resolve_checkpoint
+from attnlab.io.files import atomic_folder, read_json
+from attnlab.io.weights import SAFETENSORS, load_state, read_safetensors, unique_state, write_safetensors
+
+CONFIG = "config.json"
+TOKENIZER = "tokenizer.json"
+FORMAT = "attnlab"
+
+
+def save(model: nn.Module, path: str | os.PathLike, tokenizer: Any = None) -> Path:
+    """Write `model` (and `tokenizer`) to the folder `path`, atomically.
+
+    Args:
+        model: a model from `build_model` / `from_hf` / `load` (it carries `model.config`).
+        path: the folder to write; an existing model folder there is replaced.
+        tokenizer: anything with `save(folder)` writing `tokenizer.json` (attnlab's Tokenizer).
+
+    Returns:
+        the folder written.
+
+    Raises:
+        TypeError: `model` has no ModelConfig, or `tokenizer` has no `save`.
+        ValueError: `path` is a file, or a folder attnlab did not write (see `atomic_folder`).
+    """
+    config = getattr(model, "config", None)
+    if not isinstance(config, ModelConfig):
+        raise TypeError(f"model must be built by attnlab (with a ModelConfig in .config), got {type(model).__name__}")
+    if tokenizer is not None and not callable(getattr(tokenizer, "save", None)):
+        raise TypeError(f"tokenizer must have a save(folder) method, got {type(tokenizer).__name__}")
+    path = Path(path)
+    with atomic_folder(path) as tmp:
+        (tmp / CONFIG).write_text(config.to_json() + "\n", encoding="utf-8")
+        write_safetensors(unique_state(model), tmp / SAFETENSORS, metadata={"format": FORMAT})
+        if tokenizer is not None:
+            tokenizer.save(tmp)
+            if not (tmp / TOKENIZER).is_file():
+                raise ValueError(f"tokenizer.save(folder) did not write {TOKENIZER}")
+    return path
+
+
+def load(path: str | os.PathLike, *, with_tokenizer: bool = False) -> Any:
+    """Read a folder written by `save`, an `attnlab train` run folder (its best checkpoint), or a
+    Hugging Face folder (through `from_hf`).
+
+    Args:
+        path: the folder.
+        with_tokenizer: also return the tokenizer (None when the folder has no tokenizer.json).
+
+    Returns:
+        the model in eval mode, or (model, tokenizer) with `with_tokenizer=True`. Floating
+        tensors keep the dtype they were saved in.
+
+    Raises:
+        FileNotFoundError: no folder, config.json or model.safetensors.
+        ValueError: a bad config, a truncated weights file, or missing, unexpected or
+            mis-shaped tensors (named); nothing half-loaded is returned.
+    """
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder} is not a folder (expected {CONFIG} + {SAFETENSORS})")
+    data = read_json(folder / CONFIG)
+    if "arch" not in data and "model_type" in data:  # a Hugging Face folder
+        from attnlab.interop.api import from_hf
+
+        model = from_hf(folder)
+    elif "model" in data and (folder / "checkpoints").is_dir():  # an `attnlab train` run: its best checkpoint
+        model = _load_run(folder, data)
+    else:
+        try:
+            config = ModelConfig.from_dict(data)
+        except TypeError as err:
+            raise ValueError(f"{folder / CONFIG}: {err}") from err
+        if not (folder / SAFETENSORS).is_file():
+            raise FileNotFoundError(f"{folder} has no {SAFETENSORS}")
+        model = _build(config, folder / SAFETENSORS, keep_dtype=True)
+    if not with_tokenizer:
+        return model
+    tokenizer = None
+    if (folder / TOKENIZER).is_file():
+        from attnlab.tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.load(folder / TOKENIZER)
+    return model, tokenizer
+
+
+def _load_run(folder: Path, run_config: dict) -> nn.Module:
+    """The model of an `attnlab train` run folder, with its best checkpoint's weights (verified)."""
+    checkpoint = resolve_checkpoint(folder, "best")
+    read_state(checkpoint)  # checks the files' sha256 before anything is loaded
+    return _build(ModelConfig.from_dict(run_config["model"]), checkpoint / SAFETENSORS, keep_dtype=False)
+
+
+def _build(config: ModelConfig, weights: Path, *, keep_dtype: bool) -> nn.Module:
+    """A model built from `config` with the tensors of `weights`, in eval mode; with
+    `keep_dtype`, in the one floating dtype the tensors were saved in."""
+    from attnlab.models import build_model
+
+    state = read_safetensors(weights)
+    model = build_model(config)
+    dtypes = {t.dtype for t in state.values() if t.is_floating_point()}
+    if keep_dtype and len(dtypes) == 1:
+        model = model.to(dtypes.pop())
+    load_state(model, state, source=str(weights))
+    model.config = config
+    return model.eval()

@@ -1,0 +1,112 @@
+"""Tensors to and from safetensors files, and a model's state with its tied tensors named once.
+
+safetensors holds raw tensors and a JSON header, nothing that runs: reading a file never
+executes code from it. The one writer below serves `attnlab.save`, training checkpoints and
+the Hugging Face export.
+
+Tied tensors (a decoder's output matrix shared with its embedding, an encoder-decoder's
+shared vocabulary) have several state-dict names for one parameter. `unique_state` keeps the
+first name of each; `load_state` fills every alias from any one of its names, strictly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor, nn
+
+SAFETENSORS = "model.safetensors"
+
+
+def read_safetensors(path: str | os.PathLike) -> dict[str, Tensor]:
+    """Every tensor of a .safetensors file (on the CPU).
+
+    Raises:
+        ValueError: the file is truncated or not a safetensors file (the message names it).
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(os.fspath(path), device="cpu")
+    except (SafetensorError, OSError, RuntimeError, ValueError) as err:
+        raise ValueError(f"cannot read {path}: {err} (is the file truncated or not a safetensors file?)") from err
+
+
+def write_safetensors(tensors: Mapping[str, Tensor], path: str | os.PathLike,
+                      metadata: dict[str, str] | None = None) -> None:
+    """Write tensors to `path` (on the CPU, contiguous). Each must own its storage: give tied
+    tensors once (`unique_state`). Write into a temporary (`atomic_file`, `atomic_folder`)
+    when a crash must not leave half a file."""
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, os.fspath(path), metadata=metadata)
+
+
+def alias_groups(model: nn.Module) -> dict[str, tuple[str, ...]]:
+    """state-dict name -> every name of the same parameter (a tied tensor has several)."""
+    by_param: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        by_param.setdefault(id(p), []).append(name)
+    groups: dict[str, tuple[str, ...]] = {}
+    for names in by_param.values():
+        for n in names:
+            groups[n] = tuple(names)
+    return groups
+
+
+def unique_state(model: nn.Module) -> dict[str, Tensor]:
+    """`model.state_dict()` with each tied tensor under its first name only."""
+    groups = alias_groups(model)
+    return {name: tensor for name, tensor in model.state_dict().items() if groups.get(name, (name,))[0] == name}
+
+
+def upgraded(model: nn.Module, state: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """`state` with the names of older checkpoints renamed by the modules whose layout changed
+    since (each such module has `upgrade_state(state, prefix)`, also applied by load_state_dict)."""
+    state = dict(state)
+    for prefix, module in model.named_modules():
+        upgrade = getattr(module, "upgrade_state", None)
+        if upgrade is not None:
+            upgrade(state, f"{prefix}." if prefix else "")
+    return state
+
+
+def load_state(model: nn.Module, state: Mapping[str, Tensor], *, source: str = "the weights") -> nn.Module:
+    """Copy `state` into `model`, strictly: every tensor present once (ties: any one name),
+    no extra names, matching shapes. The model is changed only if everything checks.
+
+    Raises:
+        ValueError: naming the missing, unexpected or mis-shaped tensor and `source`.
+    """
+    state = upgraded(model, state)
+    expected = model.state_dict(keep_vars=True)
+    groups = alias_groups(model)
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        raise ValueError(f"unexpected tensor(s) in {source}: {', '.join(unexpected[:8])}")
+    plan: dict[str, Tensor] = {}
+    missing = []
+    for name, target in expected.items():
+        names = groups.get(name, (name,))
+        given = [n for n in names if n in state]
+        if not given:
+            missing.append(name)
+            continue
+        value = state[given[0]]
+        for other in given[1:]:
+            if state[other].shape != value.shape or not torch.equal(state[other], value):
+                raise ValueError(f"{source}: {given[0]} and {other} are one tied tensor in this model but differ")
+        if tuple(value.shape) != tuple(target.shape):
+            raise ValueError(f"shape mismatch for {given[0]} in {source}: expected {tuple(target.shape)}, "
+                             f"got {tuple(value.shape)}")
+        plan[name] = value
+    if missing:
+        raise ValueError(f"missing tensor(s) in {source}: {', '.join(missing[:8])}"
+                         + (f" and {len(missing) - 8} more" if len(missing) > 8 else ""))
+    with torch.no_grad():
+        for name, value in plan.items():
+            expected[name].copy_(value)
+    return model

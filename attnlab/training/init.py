@@ -1,0 +1,132 @@
+"""Where a pretraining run starts: a model built from `config.model`, or the weights named by
+`model.init_from` with the tokenizer that comes with them.
+
+    model.init_from      read with
+    attnlab.save folder  attnlab.load (config.json with "arch", model.safetensors, tokenizer.json)
+    run folder           attnlab.load: the best checkpoint of an `attnlab train` run + its tokenizer.json
+    Hugging Face folder  attnlab.load -> attnlab.from_hf (GPT-2, BERT, BART, Marian, T5), its tokenizer
+                         (tokenizer.json, vocab.json + merges.txt, or vocab.txt)
+
+With init_from the data's tokenizer section is not used: the run tokenises with the model's own
+tokenizer (saved as OUT/tokenizer.json). `model.add_special_tokens` appends tokens the model does
+not know yet (GPT's `[START]`, `[DELIM]`, `[EXTRACT]` for fine-tuning on structured inputs,
+Radford et al. 2018, sec. 3.3) to the tokenizer and grows the token embedding (and the tied or
+untied output head) by one row each, initialised to the mean of the existing rows: a new token
+starts as the "average token", which keeps the first logits and losses close to the pretrained
+model's (Hewitt 2021, "Initializing new word embeddings for pretrained language models").
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from attnlab.training.config import TrainConfig
+from attnlab.training.pipeline import Pipeline
+from attnlab.training.pretrain import PretrainTask
+
+
+def pretrain_setup(config: TrainConfig, out: Path, *, pipeline: Pipeline | None = None, model: nn.Module | None = None,
+                   show_progress: bool = True, log: Callable[[str], None] = print) -> tuple[PretrainTask, nn.Module]:
+    """The task of `config.data` and the model to train on it (module docstring).
+
+    Raises:
+        ValueError: init_from is not a model folder, or the pretrained model does not fit the objective.
+    """
+    tokenizer = None
+    init_from = config.model.init_from
+    if model is None and init_from:
+        model, tokenizer = load_init(init_from)
+        if config.model.add_special_tokens:
+            tokenizer, model = add_special_tokens(tokenizer, model, list(config.model.add_special_tokens))
+        log(f"model.init_from: {init_from} ({model.config.arch}, vocabulary {model.config.vocab_size})")
+    if pipeline is None:
+        pipeline = Pipeline.build(config.data, out, show_progress=show_progress, tokenizer=tokenizer)
+    if model is None:
+        from attnlab.models import build_model
+
+        model_cfg = config.model_config()
+        model = build_model(model_cfg.replace(**pipeline.model_overrides(model_cfg.arch)))
+    elif init_from:
+        check_fits(model, pipeline)
+    return PretrainTask(pipeline, eval_batches=config.train.eval_batches, bleu_samples=config.train.bleu_samples), model
+
+
+def load_init(path: str | os.PathLike) -> tuple[nn.Module, Any]:
+    """(model in train mode, float32; its tokenizer) from an attnlab, run or Hugging Face folder.
+
+    Raises:
+        FileNotFoundError: no such folder, or no tokenizer in it.
+    """
+    from attnlab import load
+    from attnlab.tokenizers import Tokenizer
+
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"model.init_from={str(path)!r}: expected a folder with config.json (an attnlab.save "
+                                "folder, an `attnlab train` run folder or a Hugging Face folder)")
+    model = load(folder)
+    for candidate in ("tokenizer.json", "vocab.json", "vocab.txt"):
+        if (folder / candidate).is_file():
+            tokenizer = Tokenizer.load(folder if candidate == "vocab.json" else folder / candidate)
+            break
+    else:
+        raise FileNotFoundError(f"model.init_from={str(path)!r} has no tokenizer (tokenizer.json, vocab.json + "
+                                "merges.txt, or vocab.txt)")
+    return model.float().train(), tokenizer
+
+
+def check_fits(model: nn.Module, pipeline: Pipeline) -> None:
+    """A pretrained model must be of the architecture the objective trains.
+
+    Raises:
+        ValueError: naming the objective and the model's architecture.
+    """
+    wanted = pipeline.model_overrides(model.config.arch)["arch"] if model.config.arch != "rnn_encoder_decoder" else None
+    if wanted is not None and wanted != model.config.arch:
+        raise ValueError(f"data.objective={pipeline.cfg.objective!r} trains a {wanted} but model.init_from is a "
+                         f"{model.config.arch}; choose an objective that fits it")
+
+
+def add_special_tokens(tokenizer: Any, model: nn.Module, tokens: list[str]) -> tuple[Any, nn.Module]:
+    """The tokenizer with `tokens` added as special tokens (in place), and the model with as many
+    new rows in its token embedding and output head, each the mean of the existing rows (module
+    docstring). Tokens the tokenizer already has are left as they are."""
+    new = [t for t in tokens if tokenizer.token_to_id(t) is None]
+    if not new:
+        return tokenizer, model
+    tokenizer.add_special_tokens(new)
+    if tokenizer.vocab_size <= model.config.vocab_size:  # rows the checkpoint already pads its table with
+        return tokenizer, model
+    return tokenizer, resize_token_embeddings(model, tokenizer.vocab_size)
+
+
+@torch.no_grad()
+def resize_token_embeddings(model: nn.Module, vocab_size: int) -> nn.Module:
+    """A copy of `model` with `vocab_size` token rows (embedding and LM head, tied or not): the
+    old rows kept, new rows the mean of the old ones.
+
+    Raises:
+        ValueError: vocab_size smaller than the model's.
+    """
+    from attnlab.models import build_model
+
+    old = model.config.vocab_size
+    if vocab_size < old:
+        raise ValueError(f"vocab_size {vocab_size} is smaller than the model's {old}; tokens cannot be removed")
+    bigger = build_model(model.config.replace(vocab_size=vocab_size)).to(next(model.parameters()).dtype)
+    state = model.state_dict()
+    target = bigger.state_dict()
+    for name, tensor in state.items():
+        if target[name].shape == tensor.shape:
+            target[name].copy_(tensor)
+            continue
+        if tensor.shape[0] != old or target[name].shape[1:] != tensor.shape[1:]:
+            raise ValueError(f"{name}: cannot grow {tuple(tensor.shape)} to {tuple(target[name].shape)}")
+        target[name][:old] = tensor
+        target[name][old:] = tensor.float().mean(0).to(tensor.dtype)  # the average token (a bias: its mean)
+    return bigger.train(model.training)

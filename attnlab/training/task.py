@@ -1,0 +1,50 @@
+"""What the Trainer trains on: a task = batches + loss + metrics (+ parameter groups, model
+preparation, data position). Pretraining objectives (`training.pretrain.PretrainTask`) and
+fine-tuning heads (`finetune.tasks_run`) are tasks of the one loop.
+
+    class MyTask:
+        def train_batch(self, generator) -> dict[str, Tensor]       # one micro-batch, drawn with generator
+        def weight(self, batch) -> int                               # units the loss is a mean over
+        def loss(self, model, batch, *, label_smoothing) -> StepLoss  # that mean (+ named parts)
+        def evaluate(self, model, device, precision) -> dict[str, float]  # {} = no validation
+
+    optional:
+        def prepare(self, model) -> None                # freeze, re-initialise (before the optimizer)
+        def param_groups(self, model, lr, weight_decay) -> list[dict]   # e.g. layer-wise lr decay
+        def state_dict(self) -> dict / load_state_dict(state)          # data position beyond the generator
+
+Weighting (gradient accumulation, data parallel): `loss` is the mean over the batch's `weight`
+units (label tokens for language modelling, examples for sequence classification). The loss of
+a step over micro-batches i is
+
+    L = sum_i weight_i * loss_i / sum_i weight_i      (= sum of token losses / tokens of the step)
+
+so every token counts the same however the micro-batches are padded or masked (not the mean of
+micro-batch means); under data parallel the sum runs over all ranks' micro-batches.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import torch
+from torch import Tensor, nn
+
+
+class StepLoss(NamedTuple):
+    """A micro-batch's loss: `loss` the mean over the batch's `weight` units; `parts` its named
+    components (floats: the classification and auxiliary LM terms ...), for the log."""
+
+    loss: Tensor
+    parts: dict[str, float]
+
+
+class Task(Protocol):
+    def train_batch(self, generator: torch.Generator) -> dict[str, Tensor]: ...
+
+    def weight(self, batch: dict[str, Tensor]) -> int: ...
+
+    def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0) -> StepLoss: ...
+
+    def evaluate(self, model: nn.Module, device: torch.device, precision: str) -> dict[str, float]: ...
+

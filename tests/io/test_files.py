@@ -1,0 +1,107 @@
+"""The one atomic file writer and the one atomic folder writer: a crash mid-write leaves the old
+content, a folder attnlab did not write is never deleted, an earlier attnlab folder is replaced."""
+
+import json
+import os
+
+import pytest
+
+from attnlab.io import files
+from attnlab.io.files import (atomic_file, atomic_folder, atomic_write_bytes, atomic_write_json, atomic_write_text,
+                              read_json)
+
+
+def test_text_bytes_and_json_are_written(tmp_path):
+    assert atomic_write_text(tmp_path / "sub" / "a.txt", "héllo\n") == tmp_path / "sub" / "a.txt"
+    assert (tmp_path / "sub" / "a.txt").read_text(encoding="utf-8") == "héllo\n"
+    atomic_write_bytes(tmp_path / "b.bin", b"\0\1")
+    assert (tmp_path / "b.bin").read_bytes() == b"\0\1"
+    atomic_write_json(tmp_path / "c.json", {"k": "ü", "n": [1, 2]})
+    text = (tmp_path / "c.json").read_text(encoding="utf-8")
+    assert text.endswith("}\n") and "ü" in text and read_json(tmp_path / "c.json") == {"k": "ü", "n": [1, 2]}
+
+
+@pytest.mark.parametrize("where", ["during the write", "at the rename"])
+def test_a_crash_mid_write_leaves_the_old_file(tmp_path, monkeypatch, where):
+    target = atomic_write_text(tmp_path / "f.json", "old")
+    if where == "during the write":
+        with pytest.raises(RuntimeError):
+            with atomic_file(target) as tmp:
+                tmp.write_text("half of the ne")
+                raise RuntimeError("killed")
+    else:
+        def broken_replace(src, dst):
+            raise OSError("disk full")
+
+        monkeypatch.setattr(files.os, "replace", broken_replace)
+        with pytest.raises(OSError, match="disk full"):
+            atomic_write_text(target, "new")
+    assert target.read_text() == "old"
+    assert os.listdir(tmp_path) == ["f.json"]  # no temporary left behind
+
+
+def test_a_file_writer_refuses_a_folder(tmp_path):
+    (tmp_path / "d").mkdir()
+    with pytest.raises(ValueError, match="is a folder"):
+        atomic_write_text(tmp_path / "d", "x")
+
+
+def test_folder_crash_leaves_nothing_new_and_the_old_folder_whole(tmp_path):
+    with pytest.raises(RuntimeError):
+        with atomic_folder(tmp_path / "out") as tmp:
+            (tmp / "config.json").write_text("{}")
+            raise RuntimeError("crash")
+    assert list(tmp_path.iterdir()) == []
+    with atomic_folder(tmp_path / "out") as tmp:
+        (tmp / "config.json").write_text("old")
+    with pytest.raises(RuntimeError):
+        with atomic_folder(tmp_path / "out") as tmp:
+            (tmp / "config.json").write_text("new")
+            raise RuntimeError("crash")
+    assert (tmp_path / "out" / "config.json").read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+def test_a_folder_attnlab_did_not_write_is_never_deleted(tmp_path):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "notes.txt").write_text("mine")
+    (docs / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"docs.*did not write.*notes\.txt"):
+        with atomic_folder(docs) as tmp:
+            (tmp / "config.json").write_text("{}")
+            (tmp / "model.safetensors").write_bytes(b"")
+    assert sorted(p.name for p in docs.iterdir()) == ["config.json", "notes.txt"]
+    assert (docs / "notes.txt").read_text() == "mine"
+    assert [p.name for p in tmp_path.iterdir()] == ["docs"]  # the temporary is gone too
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        with atomic_folder(tmp_path / "file"):
+            pytest.fail("a file target must be refused before the block runs")
+
+
+def test_an_earlier_attnlab_folder_and_an_empty_folder_are_replaced(tmp_path):
+    with atomic_folder(tmp_path / "m") as tmp:
+        (tmp / "config.json").write_text("1")
+        (tmp / "tokenizer.json").write_text("{}")
+    with atomic_folder(tmp_path / "m") as tmp:  # the same files and more: replaced whole
+        (tmp / "config.json").write_text("2")
+        (tmp / "tokenizer.json").write_text("{}")
+        (tmp / "model.safetensors").write_bytes(b"w")
+    assert json.loads((tmp_path / "m" / "config.json").read_text()) == 2
+    (tmp_path / "empty").mkdir()
+    with atomic_folder(tmp_path / "empty") as tmp:
+        (tmp / "a").write_text("a")
+    assert [p.name for p in (tmp_path / "empty").iterdir()] == ["a"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "m"]
+
+
+def test_read_json_names_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        read_json(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{nope")
+    with pytest.raises(ValueError, match="bad.json is not valid JSON"):
+        read_json(tmp_path / "bad.json")
+    (tmp_path / "list.json").write_text("[1]")
+    with pytest.raises(ValueError, match="JSON object"):
+        read_json(tmp_path / "list.json")

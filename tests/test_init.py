@@ -1,0 +1,37 @@
+"""`import attnlab` loads the core only; every public name resolves on first use."""
+
+import json
+import subprocess
+import sys
+
+HEAVY = ["matplotlib", "sacrebleu", "transformers", "attnlab.training", "attnlab.data", "attnlab.finetune",
+         "attnlab.inspect", "attnlab.parallel", "attnlab.interop", "attnlab.tokenizers"]
+
+
+def _fresh(code: str) -> dict:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_import_attnlab_loads_the_core_only():
+    loaded = _fresh("import json, sys, attnlab; print(json.dumps(sorted(sys.modules)))")
+    assert [name for name in HEAVY if name in loaded] == []
+    for core in ("attnlab.models", "attnlab.config", "attnlab.decoding", "attnlab.io"):
+        assert core in loaded
+
+
+def test_every_public_name_resolves():
+    code = ("import json, attnlab\n"
+            "missing = [n for n in attnlab.__all__ if getattr(attnlab, n, None) is None]\n"
+            "print(json.dumps({'missing': missing, 'dir': sorted(set(attnlab.__all__) - set(dir(attnlab)))}))")
+    result = _fresh(code)
+    assert result == {"missing": [], "dir": []}
+
+
+def test_lazy_names_are_the_real_objects():
+    import attnlab
+    from attnlab.interop.sentence import embed
+    from attnlab.training import Trainer
+
+    assert attnlab.Trainer is Trainer and attnlab.embed is embed
+    assert attnlab.load is attnlab.io.load and attnlab.save is attnlab.io.save

@@ -1,0 +1,94 @@
+"""The objective registry: the config accepts exactly its keys, each spec agrees with the model
+config, and an objective registered in a test trains through the Trainer with no other change."""
+
+import math
+
+import pytest
+import torch
+
+from attnlab.config import ModelConfig
+from attnlab.config.model import ARCHS, HEADS
+from attnlab.config.validate import ConfigError
+from attnlab.data import objectives as batches
+from attnlab.training import TrainConfig, Trainer
+from attnlab.training.config import DataConfig, objective_fields
+from attnlab.training.objectives import OBJECTIVES, Objective
+from tests.training.helpers import tiny_config
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)  # the runs here ask for one thread
+
+
+def test_the_config_accepts_exactly_the_registry_keys():
+    for name in OBJECTIVES:
+        assert DataConfig(objective=name).objective == name
+    with pytest.raises(ConfigError) as err:
+        DataConfig(objective="gan")
+    assert str(err.value) == f"data.objective: 'gan' is not one of {', '.join(OBJECTIVES)}"
+
+
+@pytest.mark.parametrize("name", list(OBJECTIVES))
+def test_every_spec_implies_a_valid_model(name):
+    spec = OBJECTIVES[name]
+    assert spec.arch in ARCHS and spec.head in HEADS
+    for nsp in (False, True) if spec.next_sentence else (False,):
+        fields = objective_fields(name, nsp, "decoder")
+        ModelConfig().replace(**fields)  # validates
+        assert fields["arch"] == spec.arch and fields["head"] == spec.head
+    for kind in ("char", "bpe", "wordpiece"):
+        tokens = spec.special_tokens(kind)
+        assert tokens and len(set(tokens)) == len(tokens)
+
+
+def test_a_recurrent_encoder_decoder_names_the_objectives_it_fits():
+    fits = [name for name, spec in OBJECTIVES.items() if spec.arch == "encoder_decoder"]
+    assert fits and all(objective_fields(name, False, "rnn_encoder_decoder") == {"head": "lm"} for name in fits)
+    with pytest.raises(ConfigError, match="model.arch: 'rnn_encoder_decoder' needs data.objective"):
+        objective_fields("causal_lm", False, "rnn_encoder_decoder")
+
+
+class ReversedLM(Objective):
+    """A toy: next-token prediction right to left (the windows reversed)."""
+
+    arch = "decoder"
+    eos_between_documents = True
+    drawn = 0
+
+    def special_tokens(self, tokenizer_kind):
+        return ["<pad>", "<unk>", "<|endoftext|>", "<rev>"]
+
+    def train_batch(self, cfg, tok, files, generator):
+        type(self).drawn += 1
+        return batches.causal_lm(files.random_windows(cfg.batch_size, cfg.seq_len + 1, generator).flip(1))
+
+
+def test_a_registered_objective_trains_through_the_trainer(tmp_path, monkeypatch):
+    cfg = tiny_config(tmp_path, max_steps=2, eval_every=2, checkpoint_every=2)
+    cfg["data"]["objective"] = "reversed_lm"
+    with pytest.raises(ConfigError, match="data.objective: 'reversed_lm' is not one of"):
+        TrainConfig.from_dict(cfg)
+
+    monkeypatch.setitem(OBJECTIVES, "reversed_lm", ReversedLM())
+    monkeypatch.setattr(ReversedLM, "drawn", 0)
+    trainer = Trainer(TrainConfig.from_dict(cfg), show_progress=False, log=lambda _: None)
+    assert trainer.pipeline.tokenizer.token_to_id("<rev>") is not None  # the spec's special tokens
+    assert trainer.model.config.arch == "decoder"
+    summary = trainer.fit()
+    assert summary["steps"] == 2 and math.isfinite(summary["val_loss"])
+    # 2 training batches and 2 validation draws (tiny_config's eval_batches), through the spec only
+    assert ReversedLM.drawn == 2 + 2
+    first, again = list(trainer.pipeline.eval_batches(2)), list(trainer.pipeline.eval_batches(2))
+    assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(first, again))  # fixed seed
+
+
+def test_a_text_objective_on_pairs_names_what_fits(tmp_path):
+    (tmp_path / "p.tsv").write_text("a b\tc d\n" * 10)
+    cfg = tiny_config(tmp_path)
+    cfg["data"].update(source=str(tmp_path / "p.tsv"), valid=str(tmp_path / "p.tsv"))
+    with pytest.raises(ValueError, match="seq2seq takes pairs, the other objectives plain text"):
+        Trainer(TrainConfig.from_dict(cfg), show_progress=False, log=lambda _: None)
