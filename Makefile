@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install --quiet -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
+# the quick suite (long runs are marked slow, see pyproject.toml); the slowest ten are listed so
+# that growth shows
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=10
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow
