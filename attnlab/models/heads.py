@@ -39,7 +39,28 @@ class Pooler(nn.Module):
         return torch.tanh(self.dense(pooled))
 
 
-class LMHead(nn.Module):
+class VocabularyHead(nn.Module):
+    """A head whose last layer is a (V, D) output matrix over the vocabulary (`output_layer`):
+    `output_weight`, `output_bias` and `transform` (the hidden states as they meet that matrix) are
+    what a fused loss needs (`training.steps`), so it never forms the (B, T, V) logits."""
+
+    def output_layer(self) -> nn.Linear:
+        raise NotImplementedError
+
+    @property
+    def output_weight(self) -> Tensor:
+        """The (V, D) output matrix (the token embedding when tied)."""
+        return self.output_layer().weight
+
+    @property
+    def output_bias(self) -> Tensor | None:
+        return self.output_layer().bias
+
+    def transform(self, hidden: Tensor) -> Tensor:
+        raise NotImplementedError
+
+
+class LMHead(VocabularyHead):
     """Next-token logits (s h) W_e^T (+ b); the weight is tied to the token embedding when given.
 
     scale: s, 1 by default; T5 with tied embeddings uses d_model^-0.5 (Raffel et al. 2020,
@@ -54,15 +75,8 @@ class LMHead(nn.Module):
         if tied is not None:
             self.proj.weight = tied.weight
 
-    @property
-    def output_weight(self) -> Tensor:
-        """The (V, D) output matrix (the token embedding when tied); with `transform`, what a
-        fused loss needs (`training.steps`)."""
-        return self.proj.weight
-
-    @property
-    def output_bias(self) -> Tensor | None:
-        return self.proj.bias
+    def output_layer(self) -> nn.Linear:
+        return self.proj
 
     def transform(self, hidden: Tensor) -> Tensor:
         """The hidden states as they meet the output matrix: s h."""
@@ -77,7 +91,7 @@ class LMHead(nn.Module):
         return project_few_rows(self.proj, self.transform(hidden))
 
 
-class MLMHead(nn.Module):
+class MLMHead(VocabularyHead):
     """BERT's masked-LM head: dense + activation + norm, then the tied decoder with a bias."""
 
     def __init__(self, d_model: int, vocab_size: int, *, activation: str = "gelu", norm: nn.Module,
@@ -90,15 +104,8 @@ class MLMHead(nn.Module):
         if tied is not None:
             self.decoder.weight = tied.weight
 
-    @property
-    def output_weight(self) -> Tensor:
-        """The (V, D) output matrix (the token embedding when tied); with `transform`, what a
-        fused loss needs (`training.steps`)."""
-        return self.decoder.weight
-
-    @property
-    def output_bias(self) -> Tensor | None:
-        return self.decoder.bias
+    def output_layer(self) -> nn.Linear:
+        return self.decoder
 
     def transform(self, hidden: Tensor) -> Tensor:
         """BERT's prediction transform: norm(act(dense(h))), (..., D) -> (..., D)."""
@@ -121,16 +128,20 @@ class NSPHead(nn.Module):
         return self.proj(pooled)  # (B, 2)
 
 
-class ClassificationHead(nn.Module):
-    """Dropout + linear on a pooled vector (B, D) -> (B, num_labels)."""
+class DropoutLinear(nn.Module):
+    """Dropout + linear over the last dimension: (..., D) -> (..., num_labels)."""
 
     def __init__(self, d_model: int, num_labels: int, dropout: float = 0.1):
         super().__init__()
         self.dropout = nn.Dropout(dropout)
         self.proj = nn.Linear(d_model, num_labels)
 
-    def forward(self, pooled: Tensor) -> Tensor:
-        return self.proj(self.dropout(pooled))
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(self.dropout(x))
+
+
+class ClassificationHead(DropoutLinear):
+    """Dropout + linear on a pooled vector (B, D) -> (B, num_labels); the stack pools before it."""
 
 
 class RegressionHead(ClassificationHead):
@@ -146,13 +157,6 @@ class RegressionHead(ClassificationHead):
         return super().forward(pooled).squeeze(-1)  # (B,)
 
 
-class TokenClassificationHead(nn.Module):
-    """Dropout + linear on every position (B, T, D) -> (B, T, num_labels) (BERT's NER head)."""
-
-    def __init__(self, d_model: int, num_labels: int, dropout: float = 0.1):
-        super().__init__()
-        self.dropout = nn.Dropout(dropout)
-        self.proj = nn.Linear(d_model, num_labels)
-
-    def forward(self, hidden: Tensor) -> Tensor:
-        return self.proj(self.dropout(hidden))  # (B, T, num_labels)
+class TokenClassificationHead(DropoutLinear):
+    """Dropout + linear on every position (B, T, D) -> (B, T, num_labels) (BERT's NER head); not a
+    ClassificationHead, so the stack does not pool before it."""

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from attnlab.models.heads import LMHead, MLMHead
+from attnlab.models.heads import MLMHead, VocabularyHead
 from attnlab.training.losses import IGNORE, cross_entropy, linear_cross_entropy
 
 
@@ -24,10 +24,11 @@ def autocast(precision: str, device: torch.device):
     """The forward-pass context of a precision: bf16 autocast on `device`, or nothing for fp32."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
+
 def _head_loss(stack: nn.Module, hidden: Tensor, labels: Tensor, label_smoothing: float) -> Tensor:
     head = stack.head
     keep = labels != IGNORE
-    if isinstance(head, (LMHead, MLMHead)):  # the head's transform on the picked rows, its output fused with the loss
+    if isinstance(head, VocabularyHead):  # the head's transform on the picked rows, its output fused with the loss
         rows = hidden[keep] if not bool(keep.all()) else hidden.reshape(-1, hidden.shape[-1])
         return linear_cross_entropy(head.transform(rows), head.output_weight, labels[keep], head.output_bias,
                                     label_smoothing=label_smoothing)

@@ -8,18 +8,14 @@ import transformers
 
 from attnlab.cli.main import main
 from attnlab.io.serialization import load
-from tests.interop.helpers import TOL, randomize, real_max_diff, single_thread
+from tests.interop.helpers import TOL, real_max_diff, single_thread, tiny_gpt2_folder
 
 pytestmark = pytest.mark.usefixtures(single_thread.__name__)
 
 
 @pytest.fixture
 def hf_gpt2(tmp_path):
-    cfg = transformers.GPT2Config(vocab_size=40, n_embd=24, n_head=3, n_layer=2, n_positions=16, bos_token_id=0,
-                                  eos_token_id=0)
-    hf = randomize(transformers.GPT2LMHeadModel(cfg))
-    hf.save_pretrained(tmp_path / "hf")
-    return hf, tmp_path
+    return tiny_gpt2_folder(tmp_path / "hf"), tmp_path
 
 
 def test_both_directions(hf_gpt2, capsys):

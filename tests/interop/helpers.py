@@ -67,3 +67,15 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def tiny_gpt2_folder(folder):
+    """A random 2-layer GPT-2 (vocabulary 40, width 24) saved with save_pretrained into `folder`;
+    returns the transformers model."""
+    import transformers
+
+    cfg = transformers.GPT2Config(vocab_size=40, n_embd=24, n_head=3, n_layer=2, n_positions=16, bos_token_id=0,
+                                  eos_token_id=0)
+    hf = randomize(transformers.GPT2LMHeadModel(cfg))
+    hf.save_pretrained(folder)
+    return hf

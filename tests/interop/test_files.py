@@ -12,18 +12,14 @@ import transformers
 
 from attnlab.interop import from_hf, supported_architectures
 from attnlab.interop.files import read_torch_bin
-from tests.interop.helpers import randomize, single_thread
+from tests.interop.helpers import single_thread, tiny_gpt2_folder
 
 pytestmark = pytest.mark.usefixtures(single_thread.__name__)
 
 
 @pytest.fixture
 def gpt2_folder(tmp_path):
-    cfg = transformers.GPT2Config(vocab_size=40, n_embd=24, n_head=3, n_layer=2, n_positions=16, bos_token_id=0,
-                                  eos_token_id=0)
-    hf = randomize(transformers.GPT2LMHeadModel(cfg))
-    hf.save_pretrained(tmp_path / "gpt2")
-    return tmp_path / "gpt2", hf
+    return tmp_path / "gpt2", tiny_gpt2_folder(tmp_path / "gpt2")
 
 
 def _edit_weights(folder, edit):

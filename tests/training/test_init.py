@@ -20,12 +20,7 @@ from tests.training.helpers import WORDS, write_corpus
 SEQ2SEQ_SPECIALS = {"bart": ["<s>", "<pad>", "</s>", "<unk>"], "marian": ["</s>", "<unk>", "<pad>"]}
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("isolated_cache")
 
 
 def _tokenizer(texts, specials):

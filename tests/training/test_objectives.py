@@ -16,12 +16,7 @@ from attnlab.training.objectives import OBJECTIVES, Objective
 from tests.training.helpers import tiny_config
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)  # the runs here ask for one thread
+pytestmark = pytest.mark.usefixtures("isolated_cache")
 
 
 def test_the_config_accepts_exactly_the_registry_keys():
