@@ -8,7 +8,8 @@ in the pure functions of attnlab.data.objectives; a spec chooses the windows the
     spec.train_batch(cfg, tok, files, generator) # one batch from the token files
     spec.eval_batches(cfg, tok, files, 20)       # the same validation batches every time
 
-`cfg` is the run's DataConfig, `tok` its tokenizer, `files` a TokenFile (or a (src, tgt) pair of
+`cfg` is the run's DataConfig (attnlab.training.config, which imports this registry: hence not
+imported here), `tok` its tokenizer, `files` a TokenFile (or a (src, tgt) pair of
 them when the spec trains on `pairs`).
 
 Adding an objective: an `Objective` subclass here (its class attributes, `special_tokens` and
@@ -19,16 +20,13 @@ tests/training/test_objectives.py for one registered and trained in a test.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Iterator, Sequence
+from typing import Any, ClassVar, Iterator, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from attnlab.data import objectives as batches
-
-if TYPE_CHECKING:
-    from attnlab.training.config import DataConfig
 
 NUM_SENTINELS = 100  # T5's <extra_id_i> tokens
 EVAL_SEED = 1234
@@ -64,11 +62,11 @@ class Objective:
         """The model fields this objective decides (with `nsp`, BERT's NSP parts too)."""
         return {"arch": self.arch, "head": self.head, **(NSP_FIELDS if nsp and self.next_sentence else {})}
 
-    def train_batch(self, cfg: DataConfig, tok: Any, files: Any, generator: torch.Generator) -> dict[str, Tensor]:
+    def train_batch(self, cfg: Any, tok: Any, files: Any, generator: torch.Generator) -> dict[str, Tensor]:
         """One batch of `cfg.batch_size` rows drawn from `files` with `generator`."""
         raise NotImplementedError
 
-    def eval_batches(self, cfg: DataConfig, tok: Any, files: Any, num_batches: int) -> Iterator[dict[str, Tensor]]:
+    def eval_batches(self, cfg: Any, tok: Any, files: Any, num_batches: int) -> Iterator[dict[str, Tensor]]:
         """`num_batches` validation batches, the same at every evaluation: by default training
         batches drawn with a fixed seed."""
         generator = torch.Generator().manual_seed(EVAL_SEED)
@@ -165,7 +163,7 @@ class SpanCorruption(Objective):
                 "labels": sc["labels"]}
 
 
-def pairs_batch(cfg: DataConfig, tok: Any, files: Any, index: Sequence[int] | np.ndarray) -> dict[str, Tensor]:
+def pairs_batch(cfg: Any, tok: Any, files: Any, index: Sequence[int] | np.ndarray) -> dict[str, Tensor]:
     """The seq2seq batch of the pairs at `index` of `files` (src, tgt TokenFiles)."""
     src, tgt = files
     # decoding starts from BOS, or from the pad id for tokenizers without one (Marian, T5)
