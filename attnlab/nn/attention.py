@@ -207,20 +207,21 @@ class MultiHeadAttention(nn.Module):
             return self(x[:, None], mask=step.mask, bias=step.bias, q_pos=step.positions, k_pos=step.key_positions,
                         cache=kv)[0][:, 0]
         N, H, G, Dh = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
-        qkv_proj = self.qkv_proj
+        m = self._modules  # read once: a submodule read as an attribute takes nn.Module's slow fallback
+        qkv_proj = m.get("qkv_proj")
         if qkv_proj is not None:
             qkv = project(qkv_proj, x).view(N, H + 2 * G, 1, Dh)
             q, k, v = qkv.narrow(1, 0, H), qkv.narrow(1, H, G), qkv.narrow(1, H + G, G)  # (N, H | G | G, 1, Dh)
-            rotary = self.rotary
+            rotary = m.get("rotary")
             if rotary is not None:
                 cos, sin = step.rotation(rotary, x.dtype)  # once per step for the whole stack
                 q, k = rotary.apply_rotation(q, cos, sin), rotary.apply_rotation(k, cos, sin)
             k, v = kv.write(k, v, step.length)  # (N, G, L, Dh)
             out, _ = self._attention(q, k, v, step.mask, step.bias, step.positions, step.key_positions, False, True)
         else:
-            q = project(self.q_proj, x).view(N, H, 1, Dh)
+            q = project(m["q_proj"], x).view(N, H, 1, Dh)
             out, _ = self._attention(q, kv.cross_k, kv.cross_v, step.memory_mask, None, None, None, False, True)
-        return project(self.out_proj, out.reshape(N, H * Dh))
+        return project(m["out_proj"], out.reshape(N, H * Dh))
 
     def _attention(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
                    q_pos: Tensor | None, k_pos: Tensor | None, need_weights: bool,
@@ -250,8 +251,9 @@ class MultiHeadAttention(nn.Module):
         """The kernel on the score's dot-product form: softmax(scale q' k'^T + bias, mask) v."""
         if not self._supports.grouped_kv:
             k, v = repeat_kv(k, v, self.num_heads)
-        qs, ks, scale = self.score.prepare(q, k)
-        kernel = self.kernel
+        m = self._modules
+        qs, ks, scale = m["score"].prepare(q, k)
+        kernel = m["kernel"]
         # without hooks, the kernel's forward directly: a decoding step makes one call per layer
         call = kernel if kernel._forward_hooks or kernel._forward_pre_hooks else kernel.forward
         return call(qs, ks, v, scale=scale, mask=mask, bias=bias, dropout_p=dropout_p, causal=self.causal,

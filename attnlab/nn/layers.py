@@ -41,12 +41,13 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., D) -> (..., D); a decoding step's (N, D) goes through the inference layout."""
+        m = self._modules  # the Linears, read once (see Residual)
         if self.gated:
-            a, b = project(self.w13, x).chunk(2, dim=-1)  # (..., F) each
+            a, b = project(m["w13"], x).chunk(2, dim=-1)  # (..., F) each
             h = self.act(a) * b
         else:
-            h = self.act(project(self.w1, x))
-        return project(self.w2, h)
+            h = self.act(project(m["w1"], x))
+        return project(m["w2"], h)
 
     def upgrade_state(self, state: dict[str, Tensor], prefix: str) -> None:
         """Rename, in place, the tensors of a checkpoint saved before the gate was fused:
@@ -75,17 +76,21 @@ class Residual(nn.Module):
         self.post_norm = make() if placement == "both" else None
         self.dropout = nn.Dropout(dropout)
 
+    # `_modules[...]`: a submodule read as an attribute goes through nn.Module's slow fallback, and a
+    # decoding step reads these norms a dozen times per token
+
     def normed(self, x: Tensor) -> Tensor:
         """The sublayer's input: x, or Norm(x) before the sublayer (pre, both)."""
-        return x if self.placement == "post" else apply_norm(self.norm, x)
+        return x if self.placement == "post" else apply_norm(self._modules["norm"], x)
 
     def add(self, x: Tensor, out: Tensor) -> Tensor:
         """x plus the sublayer's output `out` (computed on `normed(x)`), normed where placed."""
-        if self.post_norm is not None:  # both: Norm' on the sublayer's output
-            out = apply_norm(self.post_norm, out)
+        post_norm = self._modules.get("post_norm")
+        if post_norm is not None:  # both: Norm' on the sublayer's output
+            out = apply_norm(post_norm, out)
         if self.training:  # dropout is the identity at inference: no call (a decoding step makes many)
             out = self.dropout(out)
-        return apply_norm(self.norm, x + out) if self.placement == "post" else x + out
+        return apply_norm(self._modules["norm"], x + out) if self.placement == "post" else x + out
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], Tensor]) -> Tensor:
         return self.add(x, sublayer(self.normed(x)))
@@ -131,10 +136,12 @@ class TransformerLayer(nn.Module):
         """`forward` for one new token per row while decoding: x (N, D) -> (N, D), the same
         modules and residual blocks; the shared per-step inputs (mask, positions) come in `step`
         (built once by `TransformerStack.step`), the new key/value go into `kv`."""
-        block = self.self_attn_block
-        x = block.add(x, self.self_attn.step(block.normed(x), kv, step))
-        if self.cross_attn is not None:
-            block = self.cross_attn_block
-            x = block.add(x, self.cross_attn.step(block.normed(x), kv, step))
-        block = self.ffn_block
-        return block.add(x, self.ffn(block.normed(x)))
+        m = self._modules  # the sublayers, read once (see Residual)
+        block = m["self_attn_block"]
+        x = block.add(x, m["self_attn"].step(block.normed(x), kv, step))
+        cross_attn = m.get("cross_attn")
+        if cross_attn is not None:
+            block = m["cross_attn_block"]
+            x = block.add(x, cross_attn.step(block.normed(x), kv, step))
+        block = m["ffn_block"]
+        return block.add(x, m["ffn"](block.normed(x)))
