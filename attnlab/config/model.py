@@ -55,7 +55,9 @@ class AttentionConfig:
 
     score: the score function f(q, k) — `scaled_dot` (q.k / sqrt(d_head), Vaswani et al. 2017),
         `dot` (q.k, Luong et al. 2015), `cosine` (cos(q, k) / cosine_temperature),
-        `additive` (v^T tanh(W_q q + W_k k), Bahdanau et al. 2015), `general` (q W k^T, Luong).
+        `additive` (v^T tanh(W_q q + W_k k), Bahdanau et al. 2015), `general` (q W k^T, Luong),
+        `gaussian` (-||q - k||^2 / (2 gaussian_sigma^2); sigma None = d_head^(1/4), so its q.k part
+        is scaled as in scaled_dot; the fused kernels take it, the long-input ones do not).
     kernel: `auto` uses PyTorch's fused scaled_dot_product_attention whenever the variant
         allows it and falls back to `eager`; `eager` always materialises the weights;
         `sdpa` insists on the fused kernel (an error for variants it cannot express).
@@ -85,6 +87,7 @@ class AttentionConfig:
     dropout: float = 0.0
     cosine_temperature: float = 0.1
     additive_dim: int | None = None  # hidden size of the additive scorer; None = head_dim
+    gaussian_sigma: float | None = None  # width of the gaussian score; None = head_dim ** 0.25
 
     def __post_init__(self) -> None:
         s = "attention."
@@ -97,9 +100,14 @@ class AttentionConfig:
         positive(s + "additive_dim", self.additive_dim, integer=True, optional=True)
         probability(s + "dropout", self.dropout)
         positive(s + "cosine_temperature", self.cosine_temperature)
-        if not kernel.supports.any_score and not _registry("score")[self.score].fused:
+        positive(s + "gaussian_sigma", self.gaussian_sigma, optional=True)
+        score = _registry("score")[self.score]
+        if not kernel.supports.any_score and not score.fused:
             raise ConfigError(s + "kernel", f"{self.kernel!r} needs a dot-product-shaped score; "
                               f"score={self.score!r} works with kernel='auto' or 'eager'")
+        if score.widens and not kernel.supports.wide_qk:
+            raise ConfigError(s + "kernel", f"{self.kernel!r} needs queries and keys as wide as the values; "
+                              f"score={self.score!r} appends a feature: use kernel 'auto', 'sdpa' or 'eager'")
 
     @classmethod
     def expand_dict(cls, data: dict[str, Any]) -> dict[str, Any]:

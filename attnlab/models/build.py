@@ -51,7 +51,7 @@ def _attention(cfg: ModelConfig, *, self_attention: bool, causal: bool = False, 
             if module is not None:
                 positions[where] = module
     score = build_score(att.score, cfg.num_heads, head_dim, cosine_temperature=att.cosine_temperature,
-                        additive_dim=att.additive_dim)
+                        additive_dim=att.additive_dim, gaussian_sigma=att.gaussian_sigma)
     return MultiHeadAttention(cfg.d_model, cfg.num_heads, head_dim=head_dim, num_kv_heads=att.num_kv_heads,
                               bias=att.bias, score=score, kernel=kernel, dropout=att.dropout, causal=causal,
                               cross_attention=not self_attention, **positions)

@@ -4,13 +4,17 @@ Notation: q (B, H, Tq, Dh), k (B, H, Tk, Dh) -> scores (B, H, Tq, Tk).
 
 Dot-product-shaped scores (`fused = True`) are written as scale * q' . k' for some
 transformed q', k', so PyTorch's fused `scaled_dot_product_attention` can compute them
-without materialising the T x T matrix; the others need the eager kernel.
+without materialising the T x T matrix; the others need the eager kernel. A score whose q', k'
+are wider than the values (`widens = True`: the Gaussian appends one feature) runs on the kernels
+that allow it (`Supports.wide_qk`).
 
 `SCORES` maps the config name (`attention.score`) to the class; each class builds itself from
 the layer's sizes and the config's score options (`build`).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -21,11 +25,12 @@ class ScoreFunction(nn.Module):
     """Base: f(q, k) = scale * q' . k' with (q', k', scale) from `prepare`."""
 
     fused = True
+    widens = False
 
     @classmethod
-    def build(cls, num_heads: int, head_dim: int, *, cosine_temperature: float = 0.1,
-              additive_dim: int | None = None) -> "ScoreFunction":
-        """One layer's score function from its sizes and the score options (default: takes none)."""
+    def build(cls, num_heads: int, head_dim: int, **options: Any) -> "ScoreFunction":
+        """One layer's score function from its sizes and the score options of `AttentionConfig`
+        (`cosine_temperature`, `additive_dim`, `gaussian_sigma`; each class reads its own)."""
         return cls()
 
     def prepare(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor, float]:
@@ -59,8 +64,8 @@ class Cosine(ScoreFunction):
         self.temperature = temperature
 
     @classmethod
-    def build(cls, num_heads, head_dim, *, cosine_temperature=0.1, additive_dim=None):
-        return cls(cosine_temperature)
+    def build(cls, num_heads, head_dim, **options):
+        return cls(options.get("cosine_temperature", 0.1))
 
     def prepare(self, q, k):
         return F.normalize(q, dim=-1), F.normalize(k, dim=-1), 1.0 / self.temperature
@@ -75,7 +80,7 @@ class General(ScoreFunction):
         self.weight = nn.Parameter(torch.eye(head_dim).repeat(num_heads, 1, 1) * head_dim**-0.5)
 
     @classmethod
-    def build(cls, num_heads, head_dim, *, cosine_temperature=0.1, additive_dim=None):
+    def build(cls, num_heads, head_dim, **options):
         return cls(num_heads, head_dim)
 
     def prepare(self, q, k):
@@ -98,8 +103,8 @@ class Additive(ScoreFunction):
         nn.init.normal_(self.v, std=hidden**-0.5)
 
     @classmethod
-    def build(cls, num_heads, head_dim, *, cosine_temperature=0.1, additive_dim=None):
-        return cls(num_heads, head_dim, additive_dim or head_dim)
+    def build(cls, num_heads, head_dim, **options):
+        return cls(num_heads, head_dim, options.get("additive_dim") or head_dim)
 
     def forward(self, q, k):
         a = q @ self.w_q.to(q.dtype)  # (B, H, Tq, A)
@@ -108,22 +113,56 @@ class Additive(ScoreFunction):
         return (hidden * self.v[None, :, None, None, :].to(q.dtype)).sum(-1)
 
 
+class Gaussian(ScoreFunction):
+    """-||q - k||^2 / (2 sigma^2): a radial kernel, high where the query is near the key (the
+    lectures' table of score functions). sigma defaults to Dh^(1/4), so that its q.k part is
+    q.k / sqrt(Dh), as in scaled_dot.
+
+    `forward` is the definition. The kernels get the expanded square instead:
+    -||q - k||^2 / (2 sigma^2) = (q.k - ||k||^2 / 2) / sigma^2 - ||q||^2 / (2 sigma^2), and the last
+    term is the same for every key of a query, so the softmax over keys drops it. What remains is
+    dot-product-shaped with one feature appended: q' = [q, 1], k' = [k, -||k||^2 / 2],
+    scale = 1 / sigma^2 — the fused kernel computes it without the (Tq, Tk) distance matrix.
+    """
+
+    widens = True
+
+    def __init__(self, sigma: float):
+        super().__init__()
+        self.sigma = sigma
+
+    @classmethod
+    def build(cls, num_heads, head_dim, **options):
+        sigma = options.get("gaussian_sigma")
+        return cls(head_dim**0.25 if sigma is None else sigma)
+
+    def prepare(self, q, k):
+        ones = q.new_ones(q.shape[:-1] + (1,))
+        half_norm = -0.5 * (k * k).sum(-1, keepdim=True)
+        return torch.cat([q, ones], -1), torch.cat([k, half_norm], -1), self.sigma**-2
+
+    def forward(self, q, k):
+        sq = (q * q).sum(-1, keepdim=True) + (k * k).sum(-1)[..., None, :] - 2 * (q @ k.transpose(-2, -1))
+        return -sq / (2 * self.sigma**2)
+
+
 SCORES: dict[str, type[ScoreFunction]] = {
     "scaled_dot": ScaledDot,
     "dot": Dot,
     "cosine": Cosine,
     "additive": Additive,
     "general": General,
+    "gaussian": Gaussian,
 }
 
 
-def build_score(name: str, num_heads: int, head_dim: int, *, cosine_temperature: float = 0.1,
-                additive_dim: int | None = None) -> ScoreFunction:
-    """The score function called `name` (see `AttentionConfig.score`).
+def build_score(name: str, num_heads: int, head_dim: int, **options: Any) -> ScoreFunction:
+    """The score function called `name` (see `AttentionConfig.score`), with the config's score
+    options (`cosine_temperature`, `additive_dim`, `gaussian_sigma`).
 
     Raises:
         ValueError: an unknown name, listing the registered ones.
     """
     if name not in SCORES:
         raise ValueError(f"unknown score function {name!r}; choose one of {', '.join(SCORES)}")
-    return SCORES[name].build(num_heads, head_dim, cosine_temperature=cosine_temperature, additive_dim=additive_dim)
+    return SCORES[name].build(num_heads, head_dim, **options)

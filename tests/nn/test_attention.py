@@ -75,7 +75,7 @@ def test_fully_masked_query_gives_zeros_not_nan():
 
 # ---- fused kernel == eager kernel, for every variant where both apply ----------------------
 
-FUSED_SCORES = ["scaled_dot", "dot", "cosine", "general"]
+FUSED_SCORES = ["scaled_dot", "dot", "cosine", "general", "gaussian"]
 POSITIONS = ["none", "rotary", "relative_keys", "alibi", "t5_bias"]
 
 

@@ -38,6 +38,7 @@ class Supports:
     kv_cache: bool = True  # keys beyond the queries (a KV cache): else the dense reference runs
     weights: bool = True  # returns the weights when asked: else the dense reference runs
     any_score: bool = True  # any score function; False: dot-product-shaped ones only (scale q'.k')
+    wide_qk: bool = True  # q', k' may have more features than v (the Gaussian score appends one)
     score_bias: bool = True  # an additive (query, key) bias: ALiBi, T5, Shaw's key term
     value_term: bool = True  # Shaw et al.'s relative term on the values (computed from the weights)
     causal: bool = True  # a decoder's self-attention; False: encoders only

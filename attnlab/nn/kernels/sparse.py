@@ -23,10 +23,10 @@ from torch import Tensor
 from attnlab.nn.kernels.base import Supports
 from attnlab.nn.kernels.block_sparse import _as_4d
 
-# the long-input kernels: self-attention only, dot-product-shaped scores, no weights (the dense
+# the long-input kernels: self-attention only, dot-product-shaped scores as wide as v, no weights (the dense
 # reference runs when asked, or under a KV cache), no values term, not split by tensor parallelism
-SPARSE = Supports(kv_cache=False, weights=False, any_score=False, value_term=False, cross_attention=False,
-                  grouped_kv=False, pattern=True, tensor_parallel=False)
+SPARSE = Supports(kv_cache=False, weights=False, any_score=False, wide_qk=False, value_term=False,
+                  cross_attention=False, grouped_kv=False, pattern=True, tensor_parallel=False)
 
 
 def check_int(name: str, value: object, *, low: int = 1) -> None:
