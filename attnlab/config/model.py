@@ -26,6 +26,7 @@ RNN_CELLS = ("rnn", "lstm", "gru", "conv")
 RNN_ATTENTIONS = ("none", "additive", "dot", "general")
 PLACEMENTS = ("post", "pre", "both")
 SINUSOIDAL_LAYOUTS = ("interleaved", "halves")
+POSITION_COMBINES = ("add", "concat")
 # the builder's head registry (attnlab.models.build.HEADS) sits above this package; a test checks they agree
 HEADS = ("none", "lm", "mlm", "classification", "token_classification", "regression")
 POOLINGS = ("first", "last", "mean")
@@ -177,6 +178,11 @@ class PositionConfig:
         the layout of Marian / fairseq checkpoints); the same features, permuted.
     learned_offset: rows of the `learned` table before position 0 (BART reserves 2: position t
         reads row t + 2); the table has max_len + learned_offset rows.
+    combine: how an absolute scheme meets the token embeddings: `add` (x + p, width d_model) or
+        `concat` ([x; p]: token vectors of d_model - concat_dim features, then concat_dim position
+        features, so neither is written over the other; the token table is then narrower than
+        the output layer, which cannot share it: set tie_embeddings false).
+    concat_dim: position features under `concat`; None = d_model // 4.
     """
 
     scheme: str = "sinusoidal"
@@ -189,12 +195,16 @@ class PositionConfig:
     t5_max_distance: int = 128
     sinusoidal_layout: str = "interleaved"
     learned_offset: int = 0
+    combine: str = "add"
+    concat_dim: int | None = None
 
     def __post_init__(self) -> None:
         s = "position."
         check_types(self, "position")
         choice(s + "scheme", self.scheme, _registry("position"))
         choice(s + "sinusoidal_layout", self.sinusoidal_layout, SINUSOIDAL_LAYOUTS)
+        choice(s + "combine", self.combine, POSITION_COMBINES)
+        positive(s + "concat_dim", self.concat_dim, integer=True, optional=True)
         non_negative(s + "learned_offset", self.learned_offset, integer=True)
         for name in ("max_len", "relative_max_distance", "t5_num_buckets", "t5_max_distance"):
             positive(s + name, getattr(self, name), integer=True)
@@ -348,11 +358,30 @@ class ModelConfig:
 
     def _check_positions(self) -> None:
         pos = self.position
+        if pos.combine == "concat":
+            self._check_concat()
         if pos.scheme == "rotary":
             rotary_dim = pos.rotary_dim or self.resolved_head_dim
             if rotary_dim > self.resolved_head_dim or rotary_dim % 2:
                 raise ConfigError("position.rotary_dim", f"{rotary_dim} must be even and <= head_dim="
                                   f"{self.resolved_head_dim}")
+
+    def _check_concat(self) -> None:
+        """position.combine='concat': an absolute scheme, a width that leaves token features, no tied head."""
+        pos, where = self.position, _registry("position")[self.position.scheme].where
+        if where != "embeddings" or self.arch == "rnn_encoder_decoder":
+            raise ConfigError("position.combine", f"'concat' joins absolute positions to the token embeddings; "
+                              f"position.scheme={pos.scheme!r} with arch={self.arch!r} has none to join (use 'add')")
+        if not 0 < self.position_dim < self.d_model:
+            raise ConfigError("position.concat_dim", f"{self.position_dim} must leave token features: between 1 and "
+                              f"d_model - 1 = {self.d_model - 1}")
+        if pos.scheme == "sinusoidal" and self.position_dim % 2:
+            raise ConfigError("position.concat_dim", f"sinusoidal positions come in sin/cos pairs: expected an even "
+                              f"number, got {self.position_dim}")
+        if self.tie_embeddings and self.head in ("lm", "mlm"):
+            raise ConfigError("tie_embeddings", f"position.combine='concat' narrows the token table to d_model - "
+                              f"concat_dim = {self.token_dim} features, which the {self.head} head's d_model-wide "
+                              "output layer cannot share: set tie_embeddings false")
 
     def _check_kernel(self) -> None:
         """What the attention kernel supports (attnlab.nn.kernels.Supports) against the arch, the
@@ -390,6 +419,18 @@ class ModelConfig:
     @property
     def resolved_decoder_layers(self) -> int:
         return self.num_decoder_layers or self.num_layers
+
+    @property
+    def position_dim(self) -> int:
+        """Features of the absolute positions: d_model when added, concat_dim when concatenated."""
+        if self.position.combine == "add":
+            return self.d_model
+        return self.position.concat_dim or self.d_model // 4
+
+    @property
+    def token_dim(self) -> int:
+        """Features of a token embedding: d_model, less the position features when concatenated."""
+        return self.d_model if self.position.combine == "add" else self.d_model - self.position_dim
 
     @property
     def resolved_src_vocab_size(self) -> int:

@@ -27,7 +27,8 @@ def _positions(cfg: ModelConfig, where: str, causal: bool = False) -> nn.Module 
     scheme = POSITION_SCHEMES[cfg.position.scheme]
     if scheme.where != where:
         return None
-    return scheme.build(cfg.position, Sizes(cfg.d_model, cfg.num_heads, cfg.resolved_head_dim, causal))
+    width = cfg.position_dim if where == "embeddings" else cfg.d_model
+    return scheme.build(cfg.position, Sizes(width, cfg.num_heads, cfg.resolved_head_dim, causal))
 
 
 def _token_ids(cfg: ModelConfig) -> TokenIds | None:
@@ -74,7 +75,8 @@ def _layers(cfg: ModelConfig, n: int, *, cross: bool, causal: bool = False,
 def _embeddings(cfg: ModelConfig, token: nn.Embedding) -> Embeddings:
     norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias) if cfg.embedding_norm else None
     return Embeddings(token, positions=_positions(cfg, "embeddings"), scale=cfg.embedding_scale,
-                      type_vocab_size=cfg.type_vocab_size, norm=norm, dropout=cfg.dropout)
+                      type_vocab_size=cfg.type_vocab_size, norm=norm, dropout=cfg.dropout,
+                      concat_dim=cfg.position_dim if cfg.position.combine == "concat" else 0)
 
 
 def _final_norm(cfg: ModelConfig) -> nn.Module | None:
@@ -146,7 +148,7 @@ def build_model(config: ModelConfig) -> nn.Module:
     cfg = config
     if cfg.arch == "rnn_encoder_decoder":
         return _build_rnn(cfg)
-    token = nn.Embedding(cfg.vocab_size, cfg.d_model)
+    token = nn.Embedding(cfg.vocab_size, cfg.token_dim)
     if cfg.arch == "decoder":
         ids = _token_ids(cfg)
         model = Decoder(_embeddings(cfg, token), _layers(cfg, cfg.num_layers, cross=False, causal=True, token_ids=ids),
@@ -160,7 +162,7 @@ def build_model(config: ModelConfig) -> nn.Module:
                         pooler=Pooler(cfg.d_model) if cfg.pooler else None,
                         nsp_head=NSPHead(cfg.d_model) if cfg.nsp_head else None)
     else:
-        src_token = token if cfg.share_embeddings else nn.Embedding(cfg.resolved_src_vocab_size, cfg.d_model)
+        src_token = token if cfg.share_embeddings else nn.Embedding(cfg.resolved_src_vocab_size, cfg.token_dim)
         ids, dec_ids = _token_ids(cfg), _token_ids(cfg)
         encoder = Encoder(_embeddings(cfg, src_token), _layers(cfg, cfg.num_layers, cross=False, token_ids=ids),
                           final_norm=_final_norm(cfg), position_bias=_positions(cfg, "bias"))
