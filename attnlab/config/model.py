@@ -247,6 +247,41 @@ class RNNConfig:
 
 
 @dataclass
+class MoEConfig:
+    """Mixture-of-experts feed-forward (attnlab.nn.moe; Shazeer et al. 2017): off while
+    num_experts is 0.
+
+    num_experts: E feed-forward experts per MoE layer (0 = a plain feed-forward everywhere).
+    top_k: experts per token; the gates are the softmax of the router's k largest logits.
+    capacity_factor: in training, an expert takes at most ceil(factor * tokens * top_k / E)
+        assignments and drops the rest (counted); None = no limit. Inference never drops.
+    noisy: learned input-dependent gating noise in training (noisy top-k gating).
+    balance_weight: weight of the load-balancing term (Switch: E * sum_e f_e P_e) in the loss.
+    every: layer i (from 0) is MoE when (i + 1) % every == 0: 1 = every layer, 2 = every second.
+    """
+
+    num_experts: int = 0
+    top_k: int = 2
+    capacity_factor: float | None = 1.25
+    noisy: bool = True
+    balance_weight: float = 0.01
+    every: int = 1
+
+    def __post_init__(self) -> None:
+        s = "moe."
+        check_types(self, "moe")
+        non_negative(s + "num_experts", self.num_experts, integer=True)
+        positive(s + "top_k", self.top_k, integer=True)
+        positive(s + "every", self.every, integer=True)
+        positive(s + "capacity_factor", self.capacity_factor, optional=True)
+        non_negative(s + "balance_weight", self.balance_weight)
+        if self.num_experts == 1:
+            raise ConfigError(s + "num_experts", "1 expert is a plain feed-forward: use 0, or 2 or more")
+        if self.num_experts and self.top_k > self.num_experts:
+            raise ConfigError(s + "top_k", f"{self.top_k} is more than num_experts={self.num_experts}")
+
+
+@dataclass
 class ModelConfig:
     """Everything needed to build a model; see the field comments and `presets`.
 
@@ -280,6 +315,7 @@ class ModelConfig:
     attention: AttentionConfig = field(default_factory=AttentionConfig)
     position: PositionConfig = field(default_factory=PositionConfig)
     rnn: RNNConfig = field(default_factory=RNNConfig)  # used by arch="rnn_encoder_decoder" only
+    moe: MoEConfig = field(default_factory=MoEConfig)  # mixture-of-experts feed-forward layers (off by default)
     embedding_scale: bool = False  # multiply token embeddings by sqrt(d_model)
     embedding_norm: bool = False  # a norm after summing the embeddings (BERT)
     type_vocab_size: int = 0  # segment embeddings (BERT's token_type_ids); 0 = none
@@ -343,6 +379,9 @@ class ModelConfig:
         self._check_positions()
         self._check_kernel()
         self._check_rnn()
+        if self.moe.num_experts and self.arch == "rnn_encoder_decoder":
+            raise ConfigError("moe.num_experts", "experts replace a Transformer layer's feed-forward; "
+                              "arch='rnn_encoder_decoder' has none")
 
     def _check_rnn(self) -> None:
         if self.arch != "rnn_encoder_decoder":

@@ -16,6 +16,7 @@ from attnlab.models.transformer import Decoder, Encoder, EncoderDecoder
 from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.kernels import KernelSetup, TokenIds, build_kernel, kernel_class
 from attnlab.nn.layers import FeedForward, TransformerLayer
+from attnlab.nn.moe import MoEFeedForward
 from attnlab.nn.norms import make_norm
 from attnlab.nn.positions import POSITION_SCHEMES, Sizes
 from attnlab.nn.scores import build_score
@@ -64,12 +65,23 @@ def _layers(cfg: ModelConfig, n: int, *, cross: bool, causal: bool = False,
     return [
         TransformerLayer(
             _attention(cfg, self_attention=True, causal=causal, layer=i, token_ids=token_ids),
-            FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, bias=cfg.ffn_bias),
+            _feed_forward(cfg, i),
             cross_attn=_attention(cfg, self_attention=False) if cross else None,
             make_norm=norm, placement=cfg.norm_placement, dropout=cfg.dropout,
         )
         for i in range(n)
     ]
+
+
+def _feed_forward(cfg: ModelConfig, layer: int) -> nn.Module:
+    """Layer `layer`'s feed-forward: plain, or E of them behind a router (`cfg.moe`)."""
+    def make() -> FeedForward:
+        return FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, bias=cfg.ffn_bias)
+
+    moe = cfg.moe
+    if not moe.num_experts or (layer + 1) % moe.every:
+        return make()
+    return MoEFeedForward(make, cfg.d_model, moe.num_experts, moe.top_k, moe.capacity_factor, moe.noisy)
 
 
 def _embeddings(cfg: ModelConfig, token: nn.Embedding) -> Embeddings:

@@ -176,6 +176,9 @@ def check_supported(config: ModelConfig, n: int) -> None:
         splittable = ", ".join(name for name, kernel in KERNELS.items() if kernel.supports.tensor_parallel)
         raise ValueError(f"tensor parallel does not support attention.kernel={config.attention.kernel!r}; use "
                          f"{splittable}")
+    if config.moe.num_experts:
+        raise ValueError(f"tensor parallel does not support moe.num_experts={config.moe.num_experts}: the ranks "
+                         "would route tokens apart (the gating noise); train experts without tensor parallel")
     kv = config.attention.num_kv_heads or config.num_heads
     checks = [("num_heads", config.num_heads), ("attention.num_kv_heads", kv), ("d_ff", config.d_ff),
               ("vocab_size", config.vocab_size)]

@@ -25,10 +25,12 @@ micro-batch means); under data parallel the sum runs over all ranks' micro-batch
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import torch
 from torch import Tensor, nn
+
+from attnlab.nn.moe import MoEFeedForward, balance_loss
 
 
 class StepLoss(NamedTuple):
@@ -48,3 +50,22 @@ class Task(Protocol):
 
     def evaluate(self, model: nn.Module, device: torch.device, precision: str) -> dict[str, float]: ...
 
+
+
+def with_balance_loss(loss: Callable[..., StepLoss], model: nn.Module) -> Callable[..., StepLoss]:
+    """`loss` plus, for a model with mixture-of-experts layers, `moe.balance_weight` times their
+    mean load-balance term from the same forward (attnlab.nn.moe), logged as `moe_balance` (and
+    the assignments the experts' capacity dropped as `moe_dropped`). Other models: `loss` itself."""
+    moe_layers = [m for m in model.modules() if isinstance(m, MoEFeedForward)]
+    if not moe_layers:
+        return loss
+    weight = model.config.moe.balance_weight
+
+    def total(*args, **kwargs) -> StepLoss:
+        out = loss(*args, **kwargs)
+        balance = balance_loss(model)
+        dropped = sum(m.last_stats["dropped"] for m in moe_layers)
+        parts = {**out.parts, "moe_balance": balance.item(), "moe_dropped": float(dropped)}
+        return StepLoss(out.loss + weight * balance.to(out.loss.dtype), parts)
+
+    return total

@@ -42,6 +42,7 @@ def test_tp_checkpoint_resumes_in_one_process(tp_run):
     ({"num_heads": 2, "attention": {"num_kv_heads": 1}}, "num_kv_heads"),
     ({"d_ff": 63}, "d_ff"),
     ({"attention": {"kernel": "sliding_window", "window": 4}}, "sliding_window"),
+    ({"moe": {"num_experts": 2}}, "moe.num_experts"),
 ])
 def test_unsupported_configs_are_refused_by_name(overrides, field):
     with pytest.raises(ValueError, match=field):
