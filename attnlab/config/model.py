@@ -65,7 +65,10 @@ class AttentionConfig:
         Long-input kernels (self-attention; cross-attention keeps `auto`; attnlab.nn.kernels):
         `sliding_window` (Beltagy et al. 2020), `longformer` (the window plus global tokens, same
         paper), `bigbird` (window, global and random blocks, Zaheer et al. 2020), `linformer`
-        (keys and values projected along the sequence; encoders only, Wang et al. 2020).
+        (keys and values projected along the sequence; encoders only, Wang et al. 2020),
+        `local_block` (attention within blocks) and `memory_compressed` (keys and values
+        compressed by a strided convolution, alternating with local blocks: the DMCA decoder;
+        Liu et al. 2018).
     kernel_options: the kernel's own options (its `Options` dataclass), as a mapping:
         sliding_window: `window` (256) — query i sees keys j with |i - j| <= window
             (decoders: 0 <= i - j <= window);
@@ -74,7 +77,13 @@ class AttentionConfig:
         bigbird: `block_size` (64), `window_blocks` (1) per side, `global_blocks` (1),
             `random_blocks` (3) per query block, drawn with seed `random_seed` (0) + layer index;
         linformer: `k` (256) projected rows, `max_len` (4096) positions covered, `sharing`
-            (`layer`: one projection pair for a layer's heads, or `head`).
+            (`layer`: one projection pair for a layer's heads, or `head`);
+        local_block: `block_size` (256) — query i sees keys j in its block, j // b == i // b
+            (decoders: and j <= i);
+        memory_compressed: `compression` (3) — the convolution's kernel size and stride c (a
+            decoder's query i sees compressed block j when c j + c - 1 <= i), `block_size` (256)
+            of the local layers, `alternate` (True: even layers local, odd compressed; False:
+            every layer compressed).
         Configs written before the options were grouped (flat `attention.window`,
         `attention.linformer_k`, ...) are read into kernel_options.
     num_kv_heads: key/value heads for grouped-query (1 = multi-query) attention; None = num_heads.

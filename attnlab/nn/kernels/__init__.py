@@ -18,7 +18,9 @@ from attnlab.nn.kernels.base import Kernel, KernelSetup, NoOptions, Supports, To
 from attnlab.nn.kernels.bigbird import BigBirdKernel
 from attnlab.nn.kernels.eager import EagerKernel, attention_weights, eager_attention
 from attnlab.nn.kernels.linformer import LinformerKernel
+from attnlab.nn.kernels.local_block import LocalBlockKernel
 from attnlab.nn.kernels.longformer import LongformerKernel
+from attnlab.nn.kernels.memory_compressed import MemoryCompressedKernel
 from attnlab.nn.kernels.sdpa import SdpaKernel, sdpa_attention
 from attnlab.nn.kernels.sliding_window import SlidingWindowKernel
 
@@ -30,6 +32,8 @@ KERNELS: dict[str, type[Kernel]] = {
     "longformer": LongformerKernel,
     "bigbird": BigBirdKernel,
     "linformer": LinformerKernel,
+    "local_block": LocalBlockKernel,
+    "memory_compressed": MemoryCompressedKernel,
 }
 
 
