@@ -325,6 +325,7 @@ class ModelConfig:
     position: PositionConfig = field(default_factory=PositionConfig)
     rnn: RNNConfig = field(default_factory=RNNConfig)  # used by arch="rnn_encoder_decoder" only
     moe: MoEConfig = field(default_factory=MoEConfig)  # mixture-of-experts feed-forward layers (off by default)
+    memory_len: int = 0  # Transformer-XL segment memory: positions of earlier segments kept per layer; 0 = off
     embedding_scale: bool = False  # multiply token embeddings by sqrt(d_model)
     embedding_norm: bool = False  # a norm after summing the embeddings (BERT)
     type_vocab_size: int = 0  # segment embeddings (BERT's token_type_ids); 0 = none
@@ -388,9 +389,25 @@ class ModelConfig:
         self._check_positions()
         self._check_kernel()
         self._check_rnn()
+        non_negative("memory_len", self.memory_len, integer=True)
+        self._check_memory()
         if self.moe.num_experts and self.arch == "rnn_encoder_decoder":
             raise ConfigError("moe.num_experts", "experts replace a Transformer layer's feed-forward; "
                               "arch='rnn_encoder_decoder' has none")
+
+    def _check_memory(self) -> None:
+        """memory_len > 0 (Transformer-XL's segment recurrence, attnlab.models.recurrence): a decoder
+        whose positions are relative (or none), since absolute ones restart at every segment."""
+        if not self.memory_len:
+            return
+        if self.arch != "decoder":
+            raise ConfigError("memory_len", f"segment memory is for arch='decoder' (a causal stack reading a "
+                              f"stream), got arch={self.arch!r}; set memory_len 0")
+        if _registry("position")[self.position.scheme].where == "embeddings":
+            relative = ", ".join(name for name, s in _registry("position").items() if s.where != "embeddings")
+            raise ConfigError("memory_len", f"{self.memory_len} needs positions that stay consistent across "
+                              f"segments; position.scheme={self.position.scheme!r} is absolute (it would number "
+                              f"every segment from 0 again): use one of {relative}")
 
     def _check_rnn(self) -> None:
         if self.arch != "rnn_encoder_decoder":

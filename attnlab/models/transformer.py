@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from attnlab.models.embeddings import Embeddings
 from attnlab.models.heads import ClassificationHead, pool
 from attnlab.nn.layers import TransformerLayer
-from attnlab.nn.kv_cache import KVCache, Step
+from attnlab.nn.kv_cache import KVCache, SegmentMemory, Step
 from attnlab.nn.masks import causal_mask, padding_mask, positions_from_mask, prefix_lm_mask
 from attnlab.nn.norms import apply_norm
 
@@ -93,27 +93,34 @@ class TransformerStack(nn.Module):
     def features(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
                  position_ids: Tensor | None = None, token_type_ids: Tensor | None = None,
                  prefix_lengths: Tensor | None = None, memory: Tensor | None = None,
-                 memory_mask: Tensor | None = None, cache: KVCache | None = None) -> Tensor:
+                 memory_mask: Tensor | None = None, cache: KVCache | None = None,
+                 mems: SegmentMemory | None = None) -> Tensor:
         """Last hidden states (B, T, D).
 
         With a `cache` (decoders), `input_ids` are the new tokens only, `attention_mask` covers
         the cached and the new ones (B, past + T), and the cache is extended in place.
+        With `mems` (decoders; Transformer-XL), the segment attends over the memory's M earlier
+        positions too and the memory advances in place (`attnlab.nn.kv_cache.SegmentMemory`);
+        with a cache as well (its first call only), the memory's keys/values are cached first.
         """
         past = cache.length if cache is not None else 0
         B, T = _check_ids("input_ids", input_ids, self.vocab_size)
+        held = self._check_mems(mems, B, past, attention_mask, prefix_lengths) if mems is not None else 0
         if attention_mask is not None and tuple(attention_mask.shape) != (B, past + T):
             raise ValueError(f"attention_mask must have shape (B, past + T) = {(B, past + T)}, "
                              f"got {tuple(attention_mask.shape)}")
-        if cache is not None and past + T > cache.max_len:
-            raise ValueError(f"the KV cache holds {cache.max_len} positions; {past + T} requested "
+        if cache is not None and past + held + T > cache.max_len:
+            raise ValueError(f"the KV cache holds {cache.max_len} positions; {past + held + T} requested "
                              "(create the cache with a larger max_len)")
         if position_ids is None:
             if attention_mask is not None:
                 position_ids = positions_from_mask(attention_mask)[:, past:]
             else:
-                position_ids = torch.arange(past, past + T, device=input_ids.device)[None]
-        key_positions = cache.track_positions(position_ids.expand(B, T)) if cache is not None else position_ids
-        mask = self.self_mask(T, attention_mask, prefix_lengths, past)
+                position_ids = torch.arange(past + held, past + held + T, device=input_ids.device)[None]
+        key_positions = mems.key_positions(position_ids) if held else position_ids  # (B or 1, held + T)
+        if cache is not None:
+            key_positions = cache.track_positions(key_positions.expand(B, -1))
+        mask = self.self_mask(T, attention_mask, prefix_lengths, past + held)
         bias = self.position_bias(position_ids, key_positions) if self.position_bias is not None else None
         if memory_mask is not None and (memory is None or memory_mask.shape != memory.shape[:2]):
             raise ValueError(f"memory_mask must be (B, S) matching memory {tuple(memory.shape[:2]) if memory is not None else None}, "
@@ -121,9 +128,32 @@ class TransformerStack(nn.Module):
         cross_mask = padding_mask(memory_mask) if memory_mask is not None else None
         h = self.embed(input_ids, position_ids, token_type_ids)
         for i, layer in enumerate(self.layers):
+            mem = mems.exchange(i, h) if mems is not None else None  # layer i's memory; h joins the next one
             h = layer(h, mask, bias=bias, positions=position_ids, key_positions=key_positions, memory=memory,
-                      memory_mask=cross_mask, cache=cache.layer(i) if cache is not None else None)
+                      memory_mask=cross_mask, cache=cache.layer(i) if cache is not None else None, mem=mem)
+        if mems is not None:
+            mems.commit()
         return self.final_norm(h) if self.final_norm is not None else h
+
+    def _check_mems(self, mems: SegmentMemory, B: int, past: int, attention_mask: Tensor | None,
+                    prefix_lengths: Tensor | None) -> int:
+        """Refuse a segment memory where it has no meaning; return the positions it holds."""
+        if not isinstance(mems, SegmentMemory):
+            raise TypeError(f"mems must be a SegmentMemory (attnlab.nn.kv_cache), got {type(mems).__name__}; "
+                            "Decoder.segment takes a list of per-layer states")
+        if not self.causal:
+            raise ValueError("a segment memory is for decoders: an encoder reads its whole input at once")
+        if self.embed.positions is not None:
+            raise ValueError("a segment memory needs a decoder with relative positions (position.scheme rotary, "
+                             "alibi, t5_bias, relative or none); this stack adds absolute ones to its embeddings, "
+                             "which would number every segment from 0 again")
+        if attention_mask is not None or prefix_lengths is not None:
+            raise ValueError("a segment memory reads consecutive pieces of unpadded streams: attention_mask and "
+                             "prefix_lengths do not apply")
+        if past:
+            raise ValueError("a segment memory with a KV cache goes into the cache's first call only")
+        mems.check(B, len(self.layers), self.embed.token.embedding_dim)
+        return mems.length
 
     def step(self, tokens: Tensor, cache: KVCache, *, attention_mask: Tensor | None = None,
              memory: Tensor | None = None, memory_mask: Tensor | None = None) -> Tensor:
@@ -197,7 +227,9 @@ class Decoder(TransformerStack):
     `forward(input_ids, attention_mask)` returns next-token logits (B, T, V). Inside an
     encoder-decoder, pass `memory` (B, S, D) and `memory_mask` (B, S). `prefix_lengths` (B,)
     makes the first positions bidirectional (prefix LM). With a `KVCache`, pass only the new
-    tokens (and a mask over cached + new ones): the result holds their logits only.
+    tokens (and a mask over cached + new ones): the result holds their logits only. With a
+    `SegmentMemory` (`mems`, or `segment`), a segment also attends over the previous segments'
+    layer inputs (Transformer-XL; `memory_len`).
     """
 
     causal = True
@@ -205,10 +237,42 @@ class Decoder(TransformerStack):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
                 position_ids: Tensor | None = None, prefix_lengths: Tensor | None = None,
                 memory: Tensor | None = None, memory_mask: Tensor | None = None,
-                cache: KVCache | None = None) -> Tensor:
+                cache: KVCache | None = None, mems: SegmentMemory | None = None) -> Tensor:
         hidden = self.features(input_ids, attention_mask, position_ids=position_ids, prefix_lengths=prefix_lengths,
-                               memory=memory, memory_mask=memory_mask, cache=cache)
+                               memory=memory, memory_mask=memory_mask, cache=cache, mems=mems)
         return self.apply_head(hidden, attention_mask)
+
+    def segment(self, input_ids: Tensor, mems: list[Tensor] | None = None, *, mem_len: int | None = None,
+                position_ids: Tensor | None = None) -> tuple[Tensor, list[Tensor]]:
+        """One segment of Transformer-XL's recurrence (Dai et al. 2019): the logits (B, T, V) of
+        `input_ids` attending over the memory `mems` of the previous segments, and the new memory.
+
+            mems = None
+            for segment in segments:              # consecutive (B, T) pieces of B streams
+                logits, mems = decoder.segment(segment, mems)
+
+        Args:
+            mems: per layer (B, M, D), that layer's inputs at the M positions before the segment
+                (the second result of the previous call); None for the first segment.
+            mem_len: positions kept per layer; default the config's `memory_len`.
+            position_ids: (B or 1, T) the segment's positions (default: right after the memory's);
+                only their differences matter to the relative schemes memory allows.
+
+        Returns:
+            (logits, new memory: per layer the last mem_len rows of [mems; its input], detached).
+
+        Raises:
+            ValueError: no mem_len (the config's memory_len is 0), absolute positions, or mems
+                that do not fit this stack.
+        """
+        config = getattr(self, "config", None)  # set by build_model
+        mem_len = mem_len if mem_len is not None else getattr(config, "memory_len", 0)
+        if not mem_len:
+            raise ValueError("segment memory is off (memory_len=0): build the model with memory_len > 0 or pass "
+                             "mem_len")
+        memory = SegmentMemory(mem_len, mems)
+        logits = self(input_ids, position_ids=position_ids, mems=memory)
+        return logits, memory.states
 
 
 class EncoderDecoder(nn.Module):

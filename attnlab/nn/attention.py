@@ -32,6 +32,7 @@ from __future__ import annotations
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.nn.kernels import Kernel, KernelSetup, build_kernel, eager_attention
@@ -143,7 +144,8 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: Tensor, context: Tensor | None = None, mask: Tensor | None = None, *,
                 bias: Tensor | None = None, q_pos: Tensor | None = None, k_pos: Tensor | None = None,
-                need_weights: bool = False, cache: LayerKV | None = None) -> tuple[Tensor, Tensor | None]:
+                need_weights: bool = False, cache: LayerKV | None = None,
+                mem: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
         """Attend from x (B, Tq, D) to context (default x).
 
         Args:
@@ -155,6 +157,9 @@ class MultiHeadAttention(nn.Module):
                 takes the dense reference for this call).
             cache: decoding state; self-attention appends the new keys and values to it,
                 cross-attention projects the context once and reuses it.
+            mem: (B, M, D) self-attention inputs at the M positions before x (Transformer-XL's
+                segment memory, `attnlab.nn.kv_cache.SegmentMemory`): their keys and values come
+                before x's, as a cache's would (k_pos then covers the M + Tq keys); no queries.
 
         Returns:
             (output (B, Tq, D), weights (B, H, Tq, Tk) or None).
@@ -175,11 +180,15 @@ class MultiHeadAttention(nn.Module):
             if self.rotary is not None:
                 q = self.rotary.rotate(q, q_pos)
                 k = self.rotary.rotate(k, k_pos[:, -Tq:])  # new keys are the last ones
+            if mem is not None:
+                k, v = self._memory_kv(mem, k, v, k_pos)  # (B, G, M + Tq, Dh)
             if cache is not None:
                 k, v = cache.append(k, v)  # (B, G, past + Tq, Dh)
         else:
             if context is None:
                 raise ValueError("this MultiHeadAttention is a cross-attention: pass the context (the encoder output)")
+            if mem is not None:
+                raise ValueError("a segment memory (mem) extends a self-attention's keys; this is a cross-attention")
             if not self.kernel.supports.cross_attention:
                 raise ValueError(f"kernel={self.kernel.name!r} is for self-attention; cross-attention takes another")
             q = self._heads(self.q_proj(x), H)  # (B, H, Tq, Dh)
@@ -189,9 +198,23 @@ class MultiHeadAttention(nn.Module):
                 k, v = self._heads(self.kv_proj(context), 2 * G).split([G, G], dim=1)  # (B, G, Tk, Dh)
                 if cache is not None:
                     cache.cross_k, cache.cross_v = k, v
-        out, weights = self._attention(q, k, v, mask, bias, q_pos, k_pos, need_weights, cache is not None)
+        # keys beyond the queries (a cache's or a memory's): kernels without that support take the dense reference
+        out, weights = self._attention(q, k, v, mask, bias, q_pos, k_pos, need_weights,
+                                       cache is not None or mem is not None)
         out = out.transpose(1, 2).reshape(B, Tq, H * self.head_dim)
         return self.out_proj(out), weights
+
+    def _memory_kv(self, mem: Tensor, k: Tensor, v: Tensor, k_pos: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The keys and values of the memory `mem` (B, M, D) put before the new ones k, v
+        (B, G, Tq, Dh): projected by the key/value rows of `qkv_proj` only (the memory asks no
+        queries), rotated at the first M of k_pos."""
+        G, M = self.num_kv_heads, mem.shape[1]
+        proj, rows = self.qkv_proj, self.num_heads * self.head_dim  # q's rows come first
+        bias = proj.bias[rows:] if proj.bias is not None else None
+        mk, mv = self._heads(F.linear(mem, proj.weight[rows:], bias), 2 * G).split([G, G], dim=1)  # (B, G, M, Dh)
+        if self.rotary is not None:
+            mk = self.rotary.rotate(mk, k_pos[:, :M])
+        return torch.cat([mk, k], dim=2), torch.cat([mv, v], dim=2)
 
     def step(self, x: Tensor, kv: LayerKV, step: Step) -> Tensor:
         """`forward` for one new token per row while decoding: x (N, D) -> (N, D).

@@ -13,6 +13,9 @@ stored after rotary rotation, so a step never recomputes the past.
 
 A decoding step (`TransformerStack.step`) builds its `Step` once, the inputs every layer
 shares; each layer writes its new key/value at column `length - 1` of its buffers.
+
+`SegmentMemory` is the other state a decoder can carry between calls: Transformer-XL's memory of
+the previous segments' layer inputs, attended like a cache's keys but recomputed per segment.
 """
 
 from __future__ import annotations
@@ -196,3 +199,80 @@ class KVCache:
             layer.reorder(index)
         if self._positions is not None:
             self._positions = self._positions.index_select(0, index.to(self._positions.device))
+
+
+class SegmentMemory:
+    """Transformer-XL's segment memory (Dai et al. 2019, https://arxiv.org/abs/1901.02860): per
+    layer, that layer's inputs at the last `mem_len` positions read so far, without gradient.
+
+    A decoder run with `mems=memory` attends from the new segment over [memory; segment] (causal
+    over the concatenation; the memory asks no queries) and then advances the memory in place,
+    as a forward extends a KVCache: layer l's memory becomes the last mem_len rows of [its
+    memory; its input over the segment], detached (the stop-gradient of the paper: training
+    back-propagates within a segment only). The memory sits at the M positions just before the
+    segment's first, so relative position schemes see the true distances across segments.
+
+        memory = SegmentMemory(mem_len=64)
+        for segment in segments:                       # consecutive (B, T) pieces of B streams
+            logits = decoder(segment, mems=memory)     # reads, then advances, the memory
+        # or functionally: logits, states = decoder.segment(segment, states)
+
+    Args:
+        mem_len: M, the positions kept per layer (> 0).
+        states: per layer (B, M', D) with M' <= mem_len, e.g. the `states` of an earlier memory;
+            None = empty (the first segment).
+
+    Raises:
+        ValueError: mem_len not a positive integer; states of unequal shapes or longer than mem_len.
+    """
+
+    def __init__(self, mem_len: int, states: list[Tensor] | tuple[Tensor, ...] | None = None):
+        if not isinstance(mem_len, int) or isinstance(mem_len, bool) or mem_len <= 0:
+            raise ValueError(f"mem_len must be a positive integer, got {mem_len!r}")
+        self.mem_len = mem_len
+        self.states: list[Tensor] | None = None
+        self._next: list[Tensor] = []  # the states being built by the forward in progress
+        if states is not None:
+            states = [s.detach() for s in states]  # no gradient into an earlier segment, whoever made them
+            shapes = {tuple(s.shape) for s in states}
+            if not states or len(shapes) > 1 or states[0].dim() != 3 or states[0].shape[1] > mem_len:
+                raise ValueError(f"states must be one (B, M, D) tensor per layer, all of one shape, with M <= "
+                                 f"mem_len={mem_len}; got shapes {sorted(shapes)}")
+            self.states = states if states[0].shape[1] else None
+
+    @property
+    def length(self) -> int:
+        """M, the positions the memory holds (0 before the first segment)."""
+        return 0 if self.states is None else self.states[0].shape[1]
+
+    def check(self, batch: int, num_layers: int, width: int) -> None:
+        """Refuse states that do not fit a stack of `num_layers` layers of `width` on `batch` rows."""
+        if self.states is None:
+            return
+        B, _, D = self.states[0].shape
+        if len(self.states) != num_layers or B != batch or D != width:
+            raise ValueError(f"the segment memory holds {len(self.states)} layers of (B={B}, D={D}); this stack has "
+                             f"{num_layers} layers of width {width} and the segment {batch} rows")
+
+    def key_positions(self, positions: Tensor) -> Tensor:
+        """Positions (B or 1, M + T) of the memory's and the segment's keys, given the
+        segment's (B or 1, T): the memory sits at the M positions just before the segment."""
+        M = self.length
+        if M == 0:
+            return positions
+        before = positions[:, :1] - M + torch.arange(M, device=positions.device)  # (B or 1, M)
+        return torch.cat([before, positions], dim=1)
+
+    def exchange(self, layer: int, h: Tensor) -> Tensor | None:
+        """Layer `layer`'s memory (B, M, D) (None while empty), recording its input h (B, T, D)
+        over the new segment for the memory that `commit` makes current."""
+        if layer == 0:
+            self._next = []  # a new forward (one that failed midway recorded a partial list)
+        old = self.states[layer] if self.states is not None else None
+        full = h if old is None else torch.cat([old, h], dim=1)
+        self._next.append(full[:, -self.mem_len:].detach())
+        return old
+
+    def commit(self) -> None:
+        """Make the states recorded by the finished forward the memory (after its last layer)."""
+        self.states, self._next = self._next, []

@@ -116,13 +116,17 @@ class TransformerLayer(nn.Module):
     def forward(self, x: Tensor, mask: Tensor | None = None, *, bias: Tensor | None = None,
                 positions: Tensor | None = None, key_positions: Tensor | None = None,
                 memory: Tensor | None = None, memory_mask: Tensor | None = None,
-                cache: LayerKV | None = None) -> Tensor:
+                cache: LayerKV | None = None, mem: Tensor | None = None) -> Tensor:
         """x (B, T, D) -> (B, T, D). `positions` (B or 1, T) feed rotary/relative schemes
-        (`key_positions`: those of every key when a cache holds earlier ones); `memory`
-        (B, S, D) with bool `memory_mask` broadcastable to (B, H, T, S)."""
+        (`key_positions`: those of every key when a cache or `mem` holds earlier ones); `memory`
+        (B, S, D) with bool `memory_mask` broadcastable to (B, H, T, S). `mem` (B, M, D): this
+        layer's inputs at the M positions before x (Transformer-XL's segment memory, detached);
+        self-attention reads keys/values from [mem; x], both through the same norm."""
         k_pos = positions if key_positions is None else key_positions
         block = self.self_attn_block
-        h, _ = self.self_attn(block.normed(x), mask=mask, bias=bias, q_pos=positions, k_pos=k_pos, cache=cache)
+        past = block.normed(mem) if mem is not None else None
+        h, _ = self.self_attn(block.normed(x), mask=mask, bias=bias, q_pos=positions, k_pos=k_pos, cache=cache,
+                              mem=past)
         x = block.add(x, h)
         if self.cross_attn is not None:
             if memory is None:

@@ -239,7 +239,16 @@ class ShardedTask:
 
 
 def shard_task(task: Any, ctx: ParallelContext) -> Any:
-    """`ShardedTask(task, ctx)` under data parallel, the task itself alone."""
+    """`ShardedTask(task, ctx)` under data parallel, the task itself alone.
+
+    Raises:
+        ValueError: a task whose batches must stay in order (a segment memory's streams), which
+            ranks drawing their own batches would break.
+    """
+    if ctx.dp_size > 1 and getattr(task, "ordered", False):
+        raise ValueError(f"{type(task).__name__} reads its data in order (model.memory_len carries a memory from "
+                         "one segment to the next); data parallel would give each rank other segments: train it "
+                         "in one process")
     return ShardedTask(task, ctx) if ctx.dp_size > 1 else task
 
 

@@ -7,6 +7,10 @@
     Hugging Face folder  attnlab.load -> attnlab.from_hf (GPT-2, BERT, BART, Marian, T5), its tokenizer
                          (tokenizer.json, vocab.json + merges.txt, or vocab.txt)
 
+`resolve_init_from(config)` reads the folder's config.json alone (no weights) into the run
+config's model section, so that `attnlab train --print-config` and OUT/config.json show the model
+the run trains rather than the defaults the section would otherwise hold.
+
 With init_from the data's tokenizer section is not used: the run tokenises with the model's own
 tokenizer (saved as OUT/tokenizer.json). `model.add_special_tokens` appends tokens the model does
 not know yet (GPT's `[START]`, `[DELIM]`, `[EXTRACT]` for fine-tuning on structured inputs,
@@ -25,7 +29,9 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from attnlab.training.config import TrainConfig
+from attnlab.config import ModelConfig
+from attnlab.io.files import read_json
+from attnlab.training.config import TrainConfig, objective_fields
 from attnlab.training.pipeline import Pipeline
 from attnlab.training.pretrain import PretrainTask
 
@@ -53,7 +59,27 @@ def pretrain_setup(config: TrainConfig, out: Path, *, pipeline: Pipeline | None 
         model = build_model(model_cfg.replace(**pipeline.model_overrides(model_cfg.arch)))
     elif init_from:
         check_fits(model, pipeline)
+    if getattr(model.config, "memory_len", 0):  # Transformer-XL: consecutive segments, the memory carried
+        return _recurrence_task(config, pipeline), model
     return PretrainTask(pipeline, eval_batches=config.train.eval_batches, bleu_samples=config.train.bleu_samples), model
+
+
+def _recurrence_task(config: TrainConfig, pipeline: Pipeline):
+    """The task of a model with a segment memory: data.batch_size streams read in consecutive
+    data.seq_len segments (attnlab.training.recurrence.RecurrenceTask), train.eval_batches
+    validation segments per evaluation, read with the memory and without.
+
+    Raises:
+        ValueError: an objective other than causal_lm.
+    """
+    from attnlab.training.recurrence import RecurrenceTask
+
+    if config.data.objective != "causal_lm":
+        raise ValueError(f"model.memory_len={config.model.memory_len} reads a stream in consecutive segments: it "
+                         f"trains with data.objective 'causal_lm', got {config.data.objective!r}")
+    data = config.data
+    return RecurrenceTask(pipeline.train.tokens, pipeline.valid.tokens, batch_size=data.batch_size,
+                          seq_len=data.seq_len, eval_segments=config.train.eval_batches, pipeline=pipeline)
 
 
 def load_init(path: str | os.PathLike) -> tuple[nn.Module, Any]:
@@ -65,10 +91,7 @@ def load_init(path: str | os.PathLike) -> tuple[nn.Module, Any]:
     from attnlab import load
     from attnlab.tokenizers import Tokenizer
 
-    folder = Path(path)
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"model.init_from={str(path)!r}: expected a folder with config.json (an attnlab.save "
-                                "folder, an `attnlab train` run folder or a Hugging Face folder)")
+    folder = _init_folder(path)
     model = load(folder)
     for candidate in ("tokenizer.json", "vocab.json", "vocab.txt"):
         if (folder / candidate).is_file():
@@ -80,16 +103,82 @@ def load_init(path: str | os.PathLike) -> tuple[nn.Module, Any]:
     return model.float().train(), tokenizer
 
 
-def check_fits(model: nn.Module, pipeline: Pipeline) -> None:
-    """A pretrained model must be of the architecture the objective trains.
+def _init_folder(path: str | os.PathLike) -> Path:
+    folder = Path(path)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"model.init_from={str(path)!r}: expected a folder with config.json (an attnlab.save "
+                                "folder, an `attnlab train` run folder or a Hugging Face folder)")
+    return folder
+
+
+def read_init_config(path: str | os.PathLike) -> ModelConfig:
+    """The ModelConfig of a model.init_from folder from its config.json alone, without reading
+    weights: the folder of `attnlab.save`, an `attnlab train` run (its `model` section) or a
+    Hugging Face folder (converted as `attnlab.from_hf` converts it). The three are told apart
+    as `attnlab.load` tells them.
+
+    Raises:
+        FileNotFoundError: no folder with config.json.
+        ValueError: a config that is not a model's, or a Hugging Face architecture attnlab does not convert.
+    """
+    folder = _init_folder(path)
+    data = read_json(folder / "config.json")
+    if "arch" not in data and "model_type" in data:  # a Hugging Face folder
+        from attnlab.interop.api import FAMILIES, folder_architecture, supported_architectures
+
+        architecture = folder_architecture(data, str(folder / "config.json"))
+        family = next((f for f in FAMILIES if architecture in f.ARCHITECTURES), None)
+        if family is None:
+            raise ValueError(f"model.init_from={str(path)!r}: unsupported architecture {architecture!r}; attnlab "
+                             f"converts {', '.join(supported_architectures())}")
+        return family.config_from_hf(data, architecture)
+    if "model" in data and (folder / "checkpoints").is_dir():  # an `attnlab train` run
+        data = data["model"]
+    try:
+        return ModelConfig.from_dict(data)
+    except ValueError as err:  # a ConfigError (type errors too): name the file it came from
+        raise ValueError(f"{folder / 'config.json'}: {err}") from None
+
+
+def resolve_init_from(config: TrainConfig) -> TrainConfig:
+    """`config` with its model section read from model.init_from's folder (`read_init_config`:
+    config.json only), keeping init_from and add_special_tokens; `config` itself without init_from.
+    Tokens that add_special_tokens adds grow vocab_size when the model is loaded, not here.
+
+    Raises:
+        FileNotFoundError, ValueError: init_from is not a model folder (`read_init_config`), or
+            holds an architecture that data.objective does not train (`check_objective_fits`).
+    """
+    if not config.model.init_from:
+        return config
+    found = read_init_config(config.model.init_from)
+    check_objective_fits(config.data.objective, config.data.nsp, found.arch)
+    model = {**found.to_dict(), "init_from": config.model.init_from,
+             "add_special_tokens": list(config.model.add_special_tokens)}
+    return TrainConfig.from_dict({**config.to_dict(), "model": model})
+
+
+def check_objective_fits(objective: str, nsp: bool, arch: str) -> None:
+    """A pretrained model must be of the architecture the objective trains (a recurrent
+    encoder-decoder is one under the encoder-decoder objectives).
 
     Raises:
         ValueError: naming the objective and the model's architecture.
     """
-    wanted = pipeline.model_overrides(model.config.arch)["arch"] if model.config.arch != "rnn_encoder_decoder" else None
-    if wanted is not None and wanted != model.config.arch:
-        raise ValueError(f"data.objective={pipeline.cfg.objective!r} trains a {wanted} but model.init_from is a "
-                         f"{model.config.arch}; choose an objective that fits it")
+    wanted = objective_fields(objective, nsp, arch).get("arch", arch)
+    if wanted != arch:
+        a = lambda word: f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
+        raise ValueError(f"data.objective={objective!r} trains {a(wanted)} but model.init_from is {a(arch)}; choose "
+                         "an objective that fits it")
+
+
+def check_fits(model: nn.Module, pipeline: Pipeline) -> None:
+    """`check_objective_fits` for a loaded model and its pipeline.
+
+    Raises:
+        ValueError: naming the objective and the model's architecture.
+    """
+    check_objective_fits(pipeline.cfg.objective, pipeline.cfg.nsp, model.config.arch)
 
 
 def add_special_tokens(tokenizer: Any, model: nn.Module, tokens: list[str]) -> tuple[Any, nn.Module]:
