@@ -3,15 +3,17 @@
 Notation: B batch, T sequence length, V vocabulary; labels use IGNORE (-100) where no loss is
 taken (PyTorch's `cross_entropy` default `ignore_index`).
 
-| objective          | paper                                                            | returns |
-|--------------------|------------------------------------------------------------------|---------|
-| `causal_lm`        | Radford et al. 2018, https://openai.com/research/language-unsupervised | input_ids, labels |
-| `masked_lm`        | Devlin et al. 2019, https://arxiv.org/abs/1810.04805 (3.1)       | input_ids, labels |
-| `span_corruption`  | Raffel et al. 2020, https://arxiv.org/abs/1910.10683 (3.1.4)     | input_ids, labels |
-| `prefix_lm`        | Raffel et al. 2020 (3.2.1); Dong et al. 2019                      | input_ids, labels, prefix_lengths |
-| `next_sentence`    | Devlin et al. 2019 (3.1, task 2)                                 | input_ids, token_type_ids, nsp_labels |
-| `segment_pairs`    | (draws A, its next segment and a random one for `next_sentence`) | first, second, random_second |
-| `seq2seq`          | Sutskever et al. 2014; Vaswani et al. 2017                       | src_ids, src_mask, tgt_ids, tgt_mask, labels |
+| objective            | paper                                                                   | returns |
+|----------------------|-------------------------------------------------------------------------|---------|
+| `causal_lm`          | Radford et al. 2018, https://openai.com/research/language-unsupervised | input_ids, labels |
+| `masked_lm`          | Devlin et al. 2019, https://arxiv.org/abs/1810.04805 (3.1)              | input_ids, labels |
+| `span_masked_lm`     | Joshi et al. 2020 (SpanBERT), https://arxiv.org/abs/1907.10529 (3.1)    | input_ids, labels |
+| `span_corruption`    | Raffel et al. 2020, https://arxiv.org/abs/1910.10683 (3.1.4)            | input_ids, labels |
+| `prefix_lm`          | Raffel et al. 2020 (3.2.1); Dong et al. 2019                            | input_ids, labels, prefix_lengths |
+| `encoder_decoder_lm` | Raffel et al. 2020 (3.2.3; "prefix language modeling", Tables 3-4)     | seq2seq's, prefix_lengths |
+| `next_sentence`      | Devlin et al. 2019 (3.1, task 2)                                        | input_ids, token_type_ids, nsp_labels |
+| `segment_pairs`      | (draws A, its next segment and a random one for `next_sentence`)        | first, second, random_second |
+| `seq2seq`            | Sutskever et al. 2014; Vaswani et al. 2017                              | src_ids, src_mask, tgt_ids, tgt_mask, labels |
 """
 
 from __future__ import annotations
@@ -124,6 +126,146 @@ def masked_lm(ids: Tensor, generator: torch.Generator, *, vocab_size: int, mask_
     return {"input_ids": corrupted, "labels": labels}
 
 
+def span_length_probs(p: float = 0.2, max_length: int = 10) -> Tensor:
+    """SpanBERT's span lengths: a geometric distribution P(L = k) = p (1 - p)^(k - 1) cut at
+    `max_length` and renormalised over k = 1..max_length -> (max_length,) float64, entry k - 1
+    being P(L = k). With p = 0.2 and 10 the mean is 3.80 (the paper's 3.8); piling the cut-off
+    mass on `max_length` instead would give a mean of 4.46.
+
+    Raises:
+        ValueError: p outside (0, 1], or max_length below 1.
+    """
+    if not 0.0 < p <= 1.0:
+        raise ValueError(f"p must be in (0, 1], got {p}")
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1:
+        raise ValueError(f"max_length must be an integer >= 1, got {max_length!r}")
+    k = torch.arange(1, max_length + 1, dtype=torch.float64)
+    weights = p * (1 - p) ** (k - 1)
+    return weights / weights.sum()
+
+
+def _place_spans(word_len: np.ndarray, word_ok: np.ndarray, budget: int, cdf: np.ndarray,
+                 generator: torch.Generator) -> list[tuple[int, int]]:
+    """One row's spans as (first word, word count): lengths drawn from the length distribution
+    (`cdf`: its cumulative probabilities), each placed at a uniform start among those where its
+    words are all `word_ok` and none of them or of their two neighbours is in a span already
+    (spans never touch: each keeps an unmasked word on both sides, the boundary SpanBERT's SBO
+    reads). Drawing goes on while fewer than `budget` tokens are in spans; a length that fits
+    nowhere is drawn again, and a row with no placeable word left stops."""
+    n = len(word_len)
+    taken = np.zeros(n + 2, dtype=bool)  # padded by one word each side
+    spans: list[tuple[int, int]] = []
+    covered, draws, used = 0, np.empty(0), 0
+    while covered < budget:
+        free = word_ok & ~taken[:-2] & ~taken[1:-1] & ~taken[2:]  # word w and both neighbours untaken
+        if not free.any():
+            break
+        if used == len(draws):  # uniforms in blocks, two per span (length, start): one call, not two per span
+            draws, used = torch.rand(2 * (budget - covered) + 2, generator=generator, dtype=torch.float64).numpy(), 0
+        u_length, u_start = draws[used], draws[used + 1]
+        used += 2
+        length = min(int(np.searchsorted(cdf, u_length, side="right")), len(cdf) - 1) + 1
+        if length > n:
+            continue
+        run = np.concatenate([[0], np.cumsum(free)])
+        starts = np.nonzero(run[length:] - run[:-length] == length)[0]  # windows of `length` free words
+        if not len(starts):
+            continue
+        first = int(starts[int(u_start * len(starts))])
+        taken[first + 1: first + 1 + length] = True
+        spans.append((first, length))
+        covered += int(word_len[first: first + length].sum())
+    return spans
+
+
+def span_masked_lm(ids: Tensor, generator: torch.Generator, *, vocab_size: int, mask_id: int,
+                   special_ids: Sequence[int] = (), word_starts: Tensor | None = None, mask_prob: float = 0.15,
+                   geometric_p: float = 0.2, max_span_words: int = 10, replace_probs: tuple[float, float] = (0.8, 0.1),
+                   attention_mask: Tensor | None = None) -> dict[str, Tensor]:
+    """SpanBERT's span masking: contiguous spans of whole words are masked instead of single
+    tokens, until `mask_prob` of a row's tokens are; a span's length in words is drawn from a
+    geometric distribution (`span_length_probs`), and each span is replaced as a unit: 80% of
+    spans become all [MASK], 10% random tokens, 10% stay (BERT's rule, applied per span).
+
+    The budget rule: a row's budget is round(mask_prob * its maskable tokens), at least 1 (the
+    maskable: not special, not padding). Spans are drawn while fewer tokens than the budget are
+    masked, and the last one is kept whole, so a row masks at least its budget and exceeds it by
+    less than that last span's tokens (SpanBERT's code cuts the last span at the budget instead,
+    which would split words). The excess is about half a span per row: with words of 1.4 tokens,
+    17.7% of 128-token rows are masked, 16.2% of 256, 15.8% of 512. A row too crowded to place
+    another span stops below its budget.
+
+    Spans never touch (an unmasked word between any two, so the masked runs of the output are
+    the spans), never cover a special token, and a length that fits nowhere in the row is drawn
+    again: in crowded rows long spans are a little rarer than the distribution says.
+
+    Args:
+        ids: (B, T) token ids.
+        generator: all random choices.
+        vocab_size: random replacements are drawn from [0, vocab_size) minus `special_ids`.
+        mask_id: the [MASK] id.
+        special_ids: never masked ([CLS], [SEP], [PAD], ...), never drawn as replacements, and
+            words of their own.
+        word_starts: (B, T) bool, True where a word begins (attnlab.tokenizers.boundaries.word_starts);
+            None: every token is a word.
+        mask_prob: the share of maskable tokens to mask (the budget).
+        geometric_p, max_span_words: the span length distribution, in words.
+        replace_probs: (to [MASK], to random) per span; the rest stay unchanged.
+        attention_mask: (B, T), 0 on padding (never masked).
+
+    Returns:
+        `input_ids` (B, T) corrupted, `labels` (B, T) original ids where masked, else IGNORE.
+    """
+    _check_ids("ids", ids)
+    if not 0.0 < mask_prob < 1.0:
+        raise ValueError(f"mask_prob must be in (0, 1), got {mask_prob}")
+    p_mask, p_random = replace_probs
+    if p_mask < 0 or p_random < 0 or p_mask + p_random > 1:
+        raise ValueError(f"replace_probs must be two non-negative numbers summing to <= 1, got {replace_probs}")
+    cdf = span_length_probs(geometric_p, max_span_words).cumsum(0).numpy()
+    special = torch.zeros(max(vocab_size, int(ids.max()) + 1), dtype=torch.bool)
+    special[list(special_ids)] = True
+    blocked = special[ids]  # (B, T) never masked; words of their own
+    if attention_mask is not None:
+        blocked |= ~attention_mask.bool()
+    if word_starts is None:
+        starts = torch.ones_like(ids, dtype=torch.bool)
+    elif word_starts.shape != ids.shape:
+        raise ValueError(f"word_starts must have the shape of ids {tuple(ids.shape)}, got {tuple(word_starts.shape)}")
+    else:
+        starts = word_starts.bool().clone()
+    starts |= blocked
+    starts[:, 1:] |= blocked[:, :-1]
+    starts[:, 0] = True
+    word_id = (torch.cumsum(starts.long(), dim=1) - 1).numpy()  # (B, T) each token's word in its row
+    span_of = np.full(ids.shape, -1, dtype=np.int64)  # (B, T) each masked token's span (batch-wide index)
+    num_spans = 0
+    for row in range(ids.shape[0]):
+        words = word_id[row]
+        word_len = np.bincount(words)
+        word_ok = np.bincount(words, weights=blocked[row].numpy()) == 0
+        maskable = int((~blocked[row]).sum())
+        if maskable == 0:
+            continue
+        budget = max(1, int(mask_prob * maskable + 0.5))
+        span_word = np.full(len(word_len), -1, dtype=np.int64)
+        for first, length in _place_spans(word_len, word_ok, budget, cdf, generator):
+            span_word[first: first + length] = num_spans
+            num_spans += 1
+        span_of[row] = span_word[words]
+    span_of = torch.from_numpy(span_of)
+    picked = span_of >= 0
+    labels = ids.masked_fill(~picked, IGNORE)
+    u = torch.rand(num_spans + 1, generator=generator)[span_of.clamp(min=0)]  # one draw per span, shared by its tokens
+    to_mask = picked & (u < p_mask)
+    to_random = picked & (u >= p_mask) & (u < p_mask + p_random)
+    allowed = torch.nonzero(~special[:vocab_size]).squeeze(1)
+    random_ids = allowed[torch.randint(0, len(allowed), ids.shape, generator=generator)]  # a token of its own each
+    corrupted = torch.where(to_mask, torch.full_like(ids, mask_id), ids)
+    corrupted = torch.where(to_random, random_ids, corrupted)
+    return {"input_ids": corrupted, "labels": labels}
+
+
 def _random_segmentation(n_items: int, n_segments: int, generator: torch.Generator) -> Tensor:
     """Split n_items into n_segments positive lengths, uniformly over such splits -> (n_segments,)."""
     cuts = torch.randperm(n_items - 1, generator=generator)[: n_segments - 1] + 1
@@ -191,6 +333,40 @@ def span_corruption(ids: Tensor, generator: torch.Generator, *, sentinel_ids: Se
         inputs.append(inp + tail)
         targets.append(tgt + tail)
     return {"input_ids": torch.tensor(inputs), "labels": torch.tensor(targets)}
+
+
+def encoder_decoder_lm(windows: Tensor, generator: torch.Generator, *, pad_id: int, start_id: int, eos_id: int,
+                       min_prefix: int = 1, min_target: int = 1) -> dict[str, Tensor]:
+    """T5's prefix language modeling for an encoder-decoder: each window is cut at a random
+    point; the encoder reads the prefix, the decoder writes the rest (teacher-forced). The
+    decoder-only `prefix_lm` is the same task in one stack.
+
+    Example (window "Thank you for inviting me to your party", cut after 4 tokens):
+    src "Thank you for inviting </s>", tgt_ids "<start> me to your party", labels "me to your party </s>".
+
+    Args:
+        windows: (B, L) token ids.
+        generator: draws each row's cut (the prefix length) uniformly in [min_prefix, L - min_target].
+        pad_id, start_id, eos_id: padding, the decoder's first input, the end token appended to
+            the source and to the labels (as `seq2seq`).
+        min_prefix, min_target: the fewest tokens on each side.
+
+    Returns:
+        `seq2seq`'s batch of (window[:cut], window[cut:]) rows: `src_ids` (B, S), `src_mask`,
+        `tgt_ids` (B, Tt), `tgt_mask`, `labels` (B, Tt), right-padded; and `prefix_lengths` (B,),
+        the cuts.
+    """
+    _check_ids("windows", windows, 2)
+    L = windows.shape[1]
+    if min_prefix < 1 or min_target < 1 or min_prefix + min_target > L:
+        raise ValueError(f"min_prefix and min_target must be >= 1 and sum to at most the window length {L}, "
+                         f"got {min_prefix} and {min_target}")
+    cut = torch.randint(min_prefix, L - min_target + 1, (windows.shape[0],), generator=generator)
+    rows = windows.tolist()
+    batch = seq2seq([r[:c] for r, c in zip(rows, cut.tolist())], [r[c:] for r, c in zip(rows, cut.tolist())],
+                    pad_id=pad_id, bos_id=start_id, eos_id=eos_id)
+    batch["prefix_lengths"] = cut
+    return batch
 
 
 def next_sentence(first: Tensor, second: Tensor, random_second: Tensor, generator: torch.Generator, *,

@@ -1,4 +1,4 @@
-"""Tokenizers: byte-level BPE, WordPiece and characters; readers and writers of common formats.
+"""Tokenizers: byte-level BPE, WordPiece, characters and words; readers and writers of common formats.
 
 >>> from attnlab.tokenizers import Tokenizer
 >>> tok = Tokenizer.train(["some text", "more text"] * 50, kind="char")
@@ -16,9 +16,10 @@ from attnlab.tokenizers.pretrained import DownloadError, bert_uncased_files, gpt
 from attnlab.tokenizers.special import ROLES, AddedToken
 from attnlab.tokenizers.template import Template
 from attnlab.tokenizers.tokenizer import Tokenizer
+from attnlab.tokenizers.word import WordModel
 from attnlab.tokenizers.wordpiece import WordPieceModel
 
 __all__ = [
-    "Tokenizer", "TokenModel", "BPEModel", "WordPieceModel", "CharModel", "AddedToken", "Template",
+    "Tokenizer", "TokenModel", "BPEModel", "WordPieceModel", "CharModel", "WordModel", "AddedToken", "Template",
     "ROLES", "GPT2_PATTERN", "gpt2_files", "bert_uncased_files", "load_pretrained", "DownloadError",
 ]

@@ -12,10 +12,10 @@ from typing import ClassVar
 
 
 class TokenModel(ABC):
-    """Base class of the BPE, WordPiece and character models.
+    """Base class of the BPE, WordPiece, character and word models.
 
     Attributes:
-        kind: ``"bpe"``, ``"wordpiece"`` or ``"char"``.
+        kind: ``"bpe"``, ``"wordpiece"``, ``"char"`` or ``"word"``.
         vocab: token string → id.
         unk_token: the token that stands for what the vocabulary cannot spell, or ``None``.
     """

@@ -55,14 +55,31 @@ def train_char(
     Raises:
         ValueError: if ``vocab_size`` cannot hold the special tokens.
     """
+    return frequency_vocab(char_counts, vocab_size, special_tokens, min_frequency)
+
+
+def frequency_vocab(
+    counts: Counter[str] | dict[str, int],
+    vocab_size: int,
+    special_tokens: list[str] | tuple[str, ...] = (),
+    min_frequency: int = 1,
+) -> dict[str, int]:
+    """The vocabulary of a count-and-keep tokenizer (characters, words): ``special_tokens``
+    first, then the items of ``counts`` by count, down to ``min_frequency`` and up to
+    ``vocab_size`` entries in all. Ties keep code point order, so the result does not depend on
+    the order the corpus was read in.
+
+    Raises:
+        ValueError: if ``vocab_size`` cannot hold the special tokens.
+    """
     specials = list(dict.fromkeys(special_tokens))
     if vocab_size < len(specials):
         raise ValueError(f"vocab_size must be at least {len(specials)} (the special tokens), got {vocab_size}")
     vocab = {t: i for i, t in enumerate(specials)}
-    ranked = sorted(char_counts.items(), key=lambda kv: (-kv[1], kv[0]))
-    for char, count in ranked:
+    ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    for item, count in ranked:
         if len(vocab) >= vocab_size or count < min_frequency:
             break
-        if char not in vocab:
-            vocab[char] = len(vocab)
+        if item not in vocab:
+            vocab[item] = len(vocab)
     return vocab

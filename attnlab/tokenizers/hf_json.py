@@ -7,6 +7,8 @@ What attnlab reads and writes (model; pre-tokenizer; decoder; normalizer):
   none);
 - wordpiece: ``WordPiece``; ``BertPreTokenizer``; ``WordPiece``; ``BertNormalizer``;
 - char: ``WordLevel``; ``Split`` on every character; ``Fuse``; none.
+- word: ``WordLevel``; ``BertPreTokenizer``; ``WordPiece`` (joins with spaces, cleans up); any
+  normalizer of ``normalizers.py`` (attnlab's: none).
 
 Post-processors: ``TemplateProcessing``, ``BertProcessing``, ``RobertaProcessing``,
 ``ByteLevel`` (offsets only: nothing to do) and a ``Sequence`` of them. Added tokens keep all
@@ -27,6 +29,7 @@ from attnlab.tokenizers.char import CharModel
 from attnlab.tokenizers.normalizers import Normalizer
 from attnlab.tokenizers.special import AddedToken, infer_roles
 from attnlab.tokenizers.template import Template
+from attnlab.tokenizers.word import WordModel
 from attnlab.tokenizers.wordpiece import WordPieceModel
 
 #: The pre-tokenizer regex of attnlab's character tokenizer: every code point on its own.
@@ -73,6 +76,11 @@ def to_hf(model: TokenModel, added: list[AddedToken], template: Template, roles:
         body = {"type": "WordLevel", "vocab": model.vocab, "unk_token": model.unk_token}
         pre = {"type": "Split", "pattern": {"Regex": CHAR_PATTERN}, "behavior": "Isolated", "invert": False}
         decoder, normalizer = {"type": "Fuse"}, None
+    elif isinstance(model, WordModel):
+        body = {"type": "WordLevel", "vocab": model.vocab, "unk_token": model.unk_token}
+        pre = {"type": "BertPreTokenizer"}
+        decoder = {"type": "WordPiece", "prefix": "##", "cleanup": True}  # join_pieces: spaces, then clean-up
+        normalizer = model.normalizer.spec if model.normalizer else None
     else:
         raise TypeError(f"tokenizer.model: cannot write {type(model).__name__} as tokenizer.json")
     if roles != default_roles(model, added, template):
@@ -146,12 +154,9 @@ def from_hf(data: dict[str, Any]) -> dict[str, Any]:
                                max_input_chars_per_word=spec.get("max_input_chars_per_word", 100),
                                normalizer=normalizer, cleanup=decoder.get("cleanup", True))
     elif kind == "WordLevel":
-        if not pre or pre.get("type") != "Split" or pre.get("pattern") != {"Regex": CHAR_PATTERN} or normalizer:
-            raise ValueError("model: WordLevel is read only as attnlab's character tokenizer "
-                             f"(Split on {CHAR_PATTERN!r}, no normalizer); got pre_tokenizer {pre!r}")
-        model = CharModel(spec["vocab"], unk_token=spec.get("unk_token"))
+        model = _wordlevel_from_hf(spec, pre, normalizer)
     else:
-        raise ValueError(f"model: unsupported type {kind!r}; attnlab reads BPE, WordPiece and WordLevel (char)")
+        raise ValueError(f"model: unsupported type {kind!r}; attnlab reads BPE, WordPiece and WordLevel (char, word)")
 
     added = [
         AddedToken(t["content"], int(t["id"]), special=bool(t.get("special", True)), lstrip=bool(t.get("lstrip")),
@@ -165,6 +170,18 @@ def from_hf(data: dict[str, Any]) -> dict[str, Any]:
     template = _template_from_hf(data.get("post_processor"), roles)
     roles = spec.get("attnlab_roles") or default_roles(model, added, template)
     return {"model": model, "added_tokens": added, "roles": roles, "template": template}
+
+
+def _wordlevel_from_hf(spec: dict[str, Any], pre: dict[str, Any] | None, normalizer: Normalizer | None) -> TokenModel:
+    """A WordLevel model: attnlab's word tokenizer (BertPreTokenizer) or its character tokenizer
+    (Split on every character, no normalizer)."""
+    kind = pre.get("type") if pre else None
+    if kind == "BertPreTokenizer":
+        return WordModel(spec["vocab"], unk_token=spec.get("unk_token"), normalizer=normalizer)
+    if kind == "Split" and pre.get("pattern") == {"Regex": CHAR_PATTERN} and not normalizer:
+        return CharModel(spec["vocab"], unk_token=spec.get("unk_token"))
+    raise ValueError("model: WordLevel is read as attnlab's word tokenizer (pre_tokenizer BertPreTokenizer) or its "
+                     f"character tokenizer (Split on {CHAR_PATTERN!r}, no normalizer); got pre_tokenizer {pre!r}")
 
 
 def _guess_model_type(spec: dict[str, Any]) -> str | None:

@@ -1,4 +1,4 @@
-"""``Tokenizer``: one front for byte-level BPE, WordPiece and character tokenizers.
+"""``Tokenizer``: one front for byte-level BPE, WordPiece, character and word tokenizers.
 
 Encoding a text:
 
@@ -26,11 +26,11 @@ from attnlab.tokenizers.hf_json import from_hf, to_hf
 from attnlab.tokenizers.loading import load_parts
 from attnlab.tokenizers.special import AddedToken, SpecialSplitter, check_roles, infer_roles, sentinel_index
 from attnlab.tokenizers.template import Template
-from attnlab.tokenizers.training import train_tokenizer
+from attnlab.tokenizers.training import train_tokenizer, warn_if_short
 
 
 class Tokenizer:
-    """A tokenizer: a model (BPE, WordPiece or characters), special tokens and a template.
+    """A tokenizer: a model (BPE, WordPiece, characters or words), special tokens and a template.
 
     Build one with :meth:`train` or :meth:`load`; the constructor is for assembling parts.
 
@@ -57,7 +57,8 @@ class Tokenizer:
         template: str | Template | None = None,
     ) -> None:
         if not isinstance(model, TokenModel):
-            raise TypeError(f"model must be a TokenModel (BPEModel, WordPieceModel, CharModel), got {type(model).__name__}")
+            raise TypeError("model must be a TokenModel (BPEModel, WordPieceModel, CharModel, WordModel), got "
+                            f"{type(model).__name__}")
         self.model = model
         self._added: dict[str, AddedToken] = {}
         self._token_to_id: dict[str, int] = dict(model.vocab)
@@ -99,14 +100,15 @@ class Tokenizer:
         Args:
             texts_or_files: a path to a text file; an iterable of texts; or an iterable of
                 ``pathlib.Path`` files (read line by line). Strings in a list are text.
-            kind: ``"bpe"`` (byte-level), ``"wordpiece"`` or ``"char"``.
-            vocab_size: target size, specials included (bpe/wordpiece: 8000 by default; char:
-                every character seen by default).
+            kind: ``"bpe"`` (byte-level), ``"wordpiece"``, ``"char"`` or ``"word"`` (whitespace and
+                punctuation words, see ``word.py``).
+            vocab_size: target size, specials included (bpe/wordpiece: 8000 by default; char,
+                word: every character or word seen by default).
             special_tokens: a list (roles inferred from spelling) or ``{role: token}``; by
                 default ``<|endoftext|>`` (bpe), ``[PAD] [UNK] [CLS] [SEP] [MASK]``
-                (wordpiece), ``<pad> <unk>`` (char). Special tokens in the corpus are skipped.
-            min_frequency: least count of a pair to merge (2 by default) or of a character to
-                keep (char: 1 by default).
+                (wordpiece), ``<pad> <unk>`` (char, word). Special tokens in the corpus are skipped.
+            min_frequency: least count of a pair to merge (2 by default) or of a character or
+                word to keep (char, word: 1 by default).
             show_progress: a progress line on stderr.
             lowercase: wordpiece only: uncased (lower-case and strip accents) or cased.
             pattern: bpe only: the split regex (GPT-2's by default; ``None``: no split).
@@ -122,6 +124,10 @@ class Tokenizer:
             ValueError: unknown ``kind``; ``vocab_size`` too small (bpe needs 256 + specials);
                 bad ``special_tokens``/``min_frequency``; a path that is not a file.
 
+        Warns:
+            UserWarning: a ``vocab_size`` given and not reached (the corpus ran out of merges),
+                naming both sizes.
+
         Example:
             >>> tok = Tokenizer.train(["low lower lowest"] * 10, kind="bpe", vocab_size=270)
             >>> tok.decode(tok.encode("lowest low"))
@@ -130,7 +136,9 @@ class Tokenizer:
         parts = train_tokenizer(texts_or_files, kind, vocab_size, special_tokens, min_frequency, show_progress,
                                 lowercase=lowercase, pattern=pattern, add_prefix_space=add_prefix_space,
                                 criterion=criterion)
-        return cls(**parts, template=template)
+        tokenizer = cls(**parts, template=template)
+        warn_if_short(kind, vocab_size, tokenizer.vocab_size, min_frequency)  # points at the caller of train
+        return tokenizer
 
     @classmethod
     def load(cls, path: str | os.PathLike, *, lowercase: bool | None = None) -> "Tokenizer":
@@ -283,7 +291,7 @@ class Tokenizer:
 
     @property
     def kind(self) -> str:
-        """``"bpe"``, ``"wordpiece"`` or ``"char"``."""
+        """``"bpe"``, ``"wordpiece"``, ``"char"`` or ``"word"``."""
         return self.model.kind
 
     @property

@@ -6,11 +6,13 @@ kind        default special tokens               what is learned
 bpe         ``<|endoftext|>``                    byte-level merges (``bpe_trainer.py``)
 wordpiece   ``[PAD] [UNK] [CLS] [SEP] [MASK]``   WordPiece vocabulary (``wordpiece_trainer.py``)
 char        ``<pad> <unk>``                      the most frequent characters
+word        ``<pad> <unk>``                      the most frequent words (``word.py``)
 ==========  ===================================  ===========================================
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,18 +23,23 @@ from attnlab.tokenizers.char import CharModel, train_char
 from attnlab.tokenizers.corpus import TextsOrFiles, count_words
 from attnlab.tokenizers.normalizers import Normalizer
 from attnlab.tokenizers.special import ROLES, AddedToken, check_roles, infer_roles
-from attnlab.tokenizers.wordpiece import WordPieceModel
+from attnlab.tokenizers.word import WordModel, train_word
+from attnlab.tokenizers.wordpiece import WordPieceModel, split_words
 from attnlab.tokenizers.wordpiece_trainer import train_wordpiece
 
-KINDS = ("bpe", "wordpiece", "char")
+KINDS = ("bpe", "wordpiece", "char", "word")
 
 DEFAULT_SPECIAL_TOKENS = {
     "bpe": ["<|endoftext|>"],
     "wordpiece": ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"],
     "char": ["<pad>", "<unk>"],
+    "word": ["<pad>", "<unk>"],
 }
-DEFAULT_VOCAB_SIZE = {"bpe": 8000, "wordpiece": 8000, "char": None}  # char: every character seen
-DEFAULT_MIN_FREQUENCY = {"bpe": 2, "wordpiece": 2, "char": 1}
+DEFAULT_VOCAB_SIZE = {"bpe": 8000, "wordpiece": 8000, "char": None, "word": None}  # char, word: every one seen
+DEFAULT_MIN_FREQUENCY = {"bpe": 2, "wordpiece": 2, "char": 1, "word": 1}
+RAN_OUT_OF = {"bpe": "pairs to merge", "wordpiece": "pieces", "char": "distinct characters",
+              "word": "distinct words"}
+UNK_EXAMPLE = {"wordpiece": "[UNK]", "char": "<unk>", "word": "<unk>"}  # the kinds that need an unknown token
 
 
 def special_tokens_and_roles(
@@ -41,7 +48,7 @@ def special_tokens_and_roles(
     """Normalise ``special_tokens``: a list (roles inferred from spelling) or ``{role: token}``.
 
     Raises:
-        ValueError: unknown role; a non-string token; no unknown token for wordpiece/char.
+        ValueError: unknown role; a non-string token; no unknown token for wordpiece/char/word.
         TypeError: if ``special_tokens`` is neither a list nor a mapping.
     """
     if special_tokens is None:
@@ -61,9 +68,8 @@ def special_tokens_and_roles(
             "special_tokens must be a list of strings or a {role: token} dict "
             f"(roles: {', '.join(ROLES)}); got {type(special_tokens).__name__}"
         )
-    if kind in ("wordpiece", "char") and "unk" not in roles:
-        example = "[UNK]" if kind == "wordpiece" else "<unk>"
-        raise ValueError(f"special_tokens: a {kind} tokenizer needs an unknown token; add {example!r}")
+    if kind in UNK_EXAMPLE and "unk" not in roles:
+        raise ValueError(f"special_tokens: a {kind} tokenizer needs an unknown token; add {UNK_EXAMPLE[kind]!r}")
     return tokens, roles
 
 
@@ -112,9 +118,28 @@ def train_tokenizer(
         vocab = train_wordpiece(counts, vocab_size, tokens, min_frequency, criterion=criterion,
                                 show_progress=show_progress)
         model = WordPieceModel(vocab, unk_token=roles["unk"], normalizer=normalizer)
+    elif kind == "word":
+        counts = count_words(texts_or_files, split_words, tokens, show_progress)
+        size = vocab_size if vocab_size is not None else len(tokens) + len(counts)
+        model = WordModel(train_word(counts, size, tokens, max(min_frequency, 1)), unk_token=roles["unk"])
     else:
         counts = count_words(texts_or_files, lambda s: s, tokens, show_progress)
         size = vocab_size if vocab_size is not None else len(tokens) + len(counts)
         model = CharModel(train_char(counts, size, tokens, max(min_frequency, 1)), unk_token=roles["unk"])
     added = [AddedToken(t, model.vocab[t]) for t in tokens]
     return {"model": model, "added_tokens": added, "roles": roles}
+
+
+def warn_if_short(kind: str, requested: int | None, reached: int, min_frequency: int | None, *,
+                  stacklevel: int = 2) -> None:
+    """Warn when a vocabulary size asked for was not reached: a small corpus runs out of pairs to
+    merge (pieces, characters) before it, and the tokenizer (and the model's embedding table,
+    sized from it) comes out smaller than the number in the config. No warning for the default
+    size, which nobody asked for."""
+    if requested is None or reached >= requested:
+        return
+    least = min_frequency if min_frequency is not None else DEFAULT_MIN_FREQUENCY[kind]
+    seen = f" seen at least min_frequency={least} times" if kind not in ("char", "word") or least > 1 else ""
+    warnings.warn(f"vocab_size={requested} was asked for, {reached} reached: the corpus has no more "
+                  f"{RAN_OUT_OF[kind]}{seen}; train on more text or ask for a smaller vocab_size",
+                  UserWarning, stacklevel=stacklevel + 1)

@@ -140,12 +140,24 @@ class WordPieceModel(TokenModel):
         return unk if pieces is None else [self.vocab[p] for p in pieces]
 
     def decode_tokens(self, tokens: list[str]) -> str:
-        parts = []
-        for i, token in enumerate(tokens):
-            if i > 0:
-                token = token[len(self.prefix):] if token.startswith(self.prefix) else " " + token
-            if self.cleanup:
-                for dirty, clean in _CLEANUP:
-                    token = token.replace(dirty, clean)
-            parts.append(token)
-        return "".join(parts)
+        return join_pieces(tokens, self.prefix, cleanup=self.cleanup)
+
+
+def join_pieces(tokens: list[str], prefix: str = "##", *, cleanup: bool = True) -> str:
+    """Hugging Face's WordPiece decoder: a piece after the first joins the previous one without
+    its ``prefix``, any other token after a space; ``cleanup`` removes the spaces that joining
+    left before punctuation (``" ."``, ``" n't"``, ...).
+
+    Example:
+        >>> join_pieces(["hello", "##s", ",", "world", "!"])
+        'hellos, world!'
+    """
+    parts = []
+    for i, token in enumerate(tokens):
+        if i > 0:
+            token = token[len(prefix):] if token.startswith(prefix) else " " + token
+        if cleanup:
+            for dirty, clean in _CLEANUP:
+                token = token.replace(dirty, clean)
+        parts.append(token)
+    return "".join(parts)

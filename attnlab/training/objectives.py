@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from attnlab.data import objectives as batches
+from attnlab.tokenizers.boundaries import word_starts
 
 NUM_SENTINELS = 100  # T5's <extra_id_i> tokens
 EVAL_SEED = 1234
@@ -111,8 +112,9 @@ class PrefixLM(Objective):
 
 
 class MaskedLM(Objective):
-    """BERT's masked LM (whole-word masking with a WordPiece tokenizer), optionally with
-    next-sentence prediction on `[CLS] A [SEP] B [SEP]` rows."""
+    """BERT's masked LM (with data.whole_word_mask, whole words: attnlab.tokenizers.boundaries
+    says where a tokenizer's words start), optionally with next-sentence prediction on
+    `[CLS] A [SEP] B [SEP]` rows."""
 
     arch, head = "encoder", "mlm"
     next_sentence = True
@@ -123,13 +125,9 @@ class MaskedLM(Objective):
     def train_batch(self, cfg, tok, files, generator):
         pair = self._sentence_pairs(cfg, tok, files, generator) if cfg.nsp else None
         ids = pair["input_ids"] if pair is not None else files.random_windows(cfg.batch_size, cfg.seq_len, generator)
-        word_starts = None
-        if cfg.whole_word_mask:
-            pieces = np.array([not (t or "").startswith("##") for t in
-                               (tok.id_to_token(i) for i in range(tok.vocab_size))])
-            word_starts = torch.from_numpy(pieces)[ids]
+        starts = word_starts(tok, ids) if cfg.whole_word_mask else None
         batch = batches.masked_lm(ids, generator, vocab_size=tok.vocab_size, mask_id=tok.mask_token_id,
-                                  special_ids=tok.all_special_ids, mask_prob=cfg.mask_prob, word_starts=word_starts)
+                                  special_ids=tok.all_special_ids, mask_prob=cfg.mask_prob, word_starts=starts)
         if pair is not None:
             batch.update(token_type_ids=pair["token_type_ids"], nsp_labels=pair["nsp_labels"])
         return batch
@@ -144,6 +142,28 @@ class MaskedLM(Objective):
         first, second, other = batches.segment_pairs(files.tokens, files.offsets, cfg.batch_size, T // 2, T - T // 2,
                                                      generator)
         return batches.next_sentence(first, second, other, generator, cls_id=tok.cls_token_id, sep_id=tok.sep_token_id)
+
+
+class SpanMaskedLM(Objective):
+    """SpanBERT's span masking: spans of whole words (geometric lengths, data.span_words_p and
+    data.max_span_words) masked up to data.mask_prob of the tokens, 80/10/10 per span.
+
+    SpanBERT's span-boundary objective (SBO) is not here: its head (the two boundary encodings
+    and a position embedding -> 2-layer FFN) has weights that a checkpoint must hold, and a run's
+    checkpoints are loaded strictly into the model its saved ModelConfig builds (`attnlab eval`,
+    `attnlab convert`), which has no such head: it would take a ModelConfig field, as `nsp_head`."""
+
+    arch, head = "encoder", "mlm"
+
+    def special_tokens(self, tokenizer_kind: str) -> list[str]:
+        return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+    def train_batch(self, cfg, tok, files, generator):
+        ids = files.random_windows(cfg.batch_size, cfg.seq_len, generator)
+        return batches.span_masked_lm(ids, generator, vocab_size=tok.vocab_size, mask_id=tok.mask_token_id,
+                                      special_ids=tok.all_special_ids, word_starts=word_starts(tok, ids),
+                                      mask_prob=cfg.mask_prob, geometric_p=cfg.span_words_p,
+                                      max_span_words=cfg.max_span_words)
 
 
 class SpanCorruption(Objective):
@@ -161,6 +181,22 @@ class SpanCorruption(Objective):
         start = torch.full((cfg.batch_size, 1), tok.pad_token_id)  # T5 starts decoding from the pad id
         return {"src_ids": sc["input_ids"], "tgt_ids": torch.cat([start, sc["labels"][:, :-1]], 1),
                 "labels": sc["labels"]}
+
+
+class EncoderDecoderLM(Objective):
+    """T5's prefix LM for an encoder-decoder: a window cut at a uniform random point, the prefix
+    into the encoder, the rest decoded (the decoder-only version is `prefix_lm`)."""
+
+    arch = "encoder_decoder"
+
+    def special_tokens(self, tokenizer_kind: str) -> list[str]:
+        return ["<pad>", "</s>", "<unk>"]
+
+    def train_batch(self, cfg, tok, files, generator):
+        windows = files.random_windows(cfg.batch_size, cfg.seq_len, generator)
+        # T5 starts decoding from the pad id, and ends source and target with EOS
+        return batches.encoder_decoder_lm(windows, generator, pad_id=tok.pad_token_id, start_id=tok.pad_token_id,
+                                          eos_id=tok.eos_token_id)
 
 
 def pairs_batch(cfg: Any, tok: Any, files: Any, index: Sequence[int] | np.ndarray) -> dict[str, Tensor]:
@@ -197,9 +233,11 @@ OBJECTIVES: dict[str, Objective] = {
     "causal_lm": CausalLM(),
     "prefix_lm": PrefixLM(),
     "masked_lm": MaskedLM(),
+    "span_masked_lm": SpanMaskedLM(),
     "span_corruption": SpanCorruption(),
+    "encoder_decoder_lm": EncoderDecoderLM(),
     "seq2seq": Seq2Seq(),
 }
 
-__all__ = ["EVAL_SEED", "NUM_SENTINELS", "OBJECTIVES", "CausalLM", "MaskedLM", "Objective", "PrefixLM", "Seq2Seq",
-           "SpanCorruption", "pairs_batch"]
+__all__ = ["EVAL_SEED", "NUM_SENTINELS", "OBJECTIVES", "CausalLM", "EncoderDecoderLM", "MaskedLM", "Objective",
+           "PrefixLM", "Seq2Seq", "SpanCorruption", "SpanMaskedLM", "pairs_batch"]

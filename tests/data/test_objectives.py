@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 import torch
 
@@ -113,3 +114,167 @@ def test_seq2seq_collation():
     assert b["src_mask"].tolist() == [[1, 1, 1, 1], [1, 1, 0, 0]]
     assert b["tgt_ids"].tolist() == [[1, 8, 0], [1, 9, 9]]
     assert b["labels"].tolist() == [[8, 2, IGNORE], [9, 9, 2]]
+
+
+# ----------------------------------------------------------------------------- SpanBERT span masking
+
+def _runs(row: np.ndarray) -> list[tuple[int, int]]:
+    """Maximal runs of True in a 1-D bool array as (start, end) with end exclusive."""
+    edges = np.diff(np.concatenate([[0], row.astype(np.int8), [0]]))
+    return list(zip(np.flatnonzero(edges == 1).tolist(), np.flatnonzero(edges == -1).tolist()))
+
+
+def _truncated_geometric(p: float, n: int) -> tuple[list[float], float]:
+    """P(L = k), k = 1..n, of a geometric(p) cut at n and renormalised, and its mean in closed form."""
+    q = 1 - p
+    probs = [p * q ** (k - 1) / (1 - q ** n) for k in range(1, n + 1)]
+    mean = (1 - (n + 1) * q ** n + n * q ** (n + 1)) / (p * (1 - q ** n))
+    return probs, mean
+
+
+def test_span_length_probs_is_the_truncated_geometric():
+    probs, mean = _truncated_geometric(0.2, 10)
+    assert obj.span_length_probs(0.2, 10).tolist() == pytest.approx(probs, rel=1e-12)
+    assert mean == pytest.approx(3.797, abs=1e-3)  # SpanBERT's "mean span length 3.8"
+    assert obj.span_length_probs(1.0, 4).tolist() == [1.0, 0.0, 0.0, 0.0]
+    for p, n in ((0.0, 10), (0.2, 0)):
+        with pytest.raises(ValueError):
+            obj.span_length_probs(p, n)
+
+
+def test_span_masked_lm_statistics_over_200k_tokens():
+    """Whole-word spans of geometric length, ~15% of the maskable tokens, one 80/10/10 choice per
+    span, nothing special masked; spans never touch, so the masked runs are the spans."""
+    g = torch.Generator().manual_seed(0)
+    B, T, V, MASK, special = 400, 512, 1000, 4, [0, 1, 2, 3, 4]
+    ids = torch.randint(5, V, (B, T), generator=g)
+    ids[:, 0], ids[:, -1] = 2, 3  # [CLS] ... [SEP]
+    sprinkled = torch.rand(B, T, generator=g) < 0.02
+    ids[sprinkled] = 3  # [SEP]s inside the rows too
+    starts = torch.rand(B, T, generator=g) < 0.6  # words of 1.67 pieces on average
+    b = obj.span_masked_lm(ids, g, vocab_size=V, mask_id=MASK, special_ids=special, word_starts=starts)
+    is_special = torch.isin(ids, torch.tensor(special))
+    words = starts | is_special  # the test's own word starts: specials are words, and so is what follows them
+    words[:, 1:] |= is_special[:, :-1]
+    words[:, 0] = True
+    picked = b["labels"] != IGNORE
+    assert not picked[is_special].any()
+    assert torch.equal(b["labels"][picked], ids[picked])
+    assert torch.equal(b["input_ids"][~picked], ids[~picked])
+
+    probs, mean = _truncated_geometric(0.2, 10)
+    lengths, kinds = [], {"mask": 0, "same": 0, "random": 0}
+    for r in range(B):
+        row_words, out, orig = words[r].numpy(), b["input_ids"][r].numpy(), ids[r].numpy()
+        spans = _runs(picked[r].numpy())
+        for s, e in spans:
+            assert row_words[s] and (e == T or row_words[e]), "a span covers whole words"
+            lengths.append(int(row_words[s:e].sum()))
+            if (out[s:e] == MASK).all():
+                kinds["mask"] += 1
+            elif (out[s:e] == orig[s:e]).all():
+                kinds["same"] += 1
+            else:
+                assert not np.isin(out[s:e], special).any(), "random replacements are never special"
+                kinds["random"] += 1
+        # the budget rule: at least round(15%) of the maskable tokens, and less than one span more
+        maskable = int((~is_special[r]).sum())
+        budget = int(0.15 * maskable + 0.5)
+        masked = int(picked[r].sum())
+        assert budget <= masked < budget + max(e - s for s, e in spans)
+    n = len(lengths)
+    assert n > 4000
+    assert abs(sum(lengths) / n - mean) < 0.12  # 3.797
+    counts = np.bincount(lengths, minlength=12)
+    assert counts[0] == 0 and counts[11] == 0
+    for k in range(1, 11):
+        assert abs(counts[k] / n - probs[k - 1]) < 0.015, k
+    assert abs(kinds["mask"] / n - 0.8) < 0.02 and abs(kinds["same"] / n - 0.1) < 0.015
+    assert abs(kinds["random"] / n - 0.1) < 0.015
+    # the last span of a row overshoots the budget by half a span on average: 15% and a little
+    ratio = picked.sum().item() / (~is_special).sum().item()
+    assert 0.15 < ratio < 0.165
+
+
+def test_span_masked_lm_without_word_starts_spans_tokens_and_skips_padding():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 100, (300, 256), generator=g)
+    attention = torch.ones_like(ids)
+    attention[:, 200:] = 0  # padding: never masked, and no span runs into it
+    b = obj.span_masked_lm(ids, g, vocab_size=100, mask_id=4, special_ids=[0, 1, 2, 3, 4], attention_mask=attention)
+    picked = b["labels"] != IGNORE
+    assert not picked[:, 200:].any()
+    lengths = [e - s for r in range(300) for s, e in _runs(picked[r].numpy())]
+    _, mean = _truncated_geometric(0.2, 10)
+    assert max(lengths) <= 10 and abs(sum(lengths) / len(lengths) - mean) < 0.15
+
+
+def test_span_masked_lm_stops_below_budget_only_when_no_span_fits():
+    """Short rows with a high budget: a row either reaches its budget or has no token left that a
+    span could take (every unmasked one is special or beside a span: spans never touch)."""
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(5, 50, (300, 7), generator=g)
+    ids[:100, 3] = 0  # a special token in the middle of some rows
+    b = obj.span_masked_lm(ids, g, vocab_size=50, mask_id=4, special_ids=[0, 1, 2, 3, 4], mask_prob=0.6)
+    picked = (b["labels"] != IGNORE).numpy()
+    special = (ids < 5).numpy()
+    short = 0
+    for r in range(300):
+        budget = int(0.6 * (~special[r]).sum() + 0.5)
+        if picked[r].sum() >= budget:
+            continue
+        short += 1
+        beside = np.zeros(7, dtype=bool)
+        beside[1:] |= picked[r][:-1]
+        beside[:-1] |= picked[r][1:]
+        assert (picked[r] | special[r] | beside).all(), r
+    assert 0 < short < 300
+
+
+def test_span_masked_lm_rejects_bad_arguments():
+    ids = torch.zeros(1, 4, dtype=torch.long)
+    with pytest.raises(ValueError, match="mask_prob"):
+        obj.span_masked_lm(ids, torch.Generator(), vocab_size=10, mask_id=1, mask_prob=1.0)
+    with pytest.raises(ValueError, match="word_starts must have the shape"):
+        obj.span_masked_lm(ids, torch.Generator(), vocab_size=10, mask_id=1,
+                           word_starts=torch.ones(1, 3, dtype=torch.bool))
+
+
+# ----------------------------------------------------------------------------- encoder-decoder prefix LM
+
+def test_encoder_decoder_lm_splits_each_window_into_source_and_target():
+    g = torch.Generator().manual_seed(0)
+    PAD, START, EOS, L = 0, 1, 2, 12
+    windows = torch.randint(5, 50, (500, L), generator=g)
+    b = obj.encoder_decoder_lm(windows, g, pad_id=PAD, start_id=START, eos_id=EOS)
+    for r in range(500):
+        cut = int(b["prefix_lengths"][r])
+        n_src, n_tgt = int(b["src_mask"][r].sum()), int(b["tgt_mask"][r].sum())
+        src, labels = b["src_ids"][r, :n_src].tolist(), b["labels"][r, :n_tgt].tolist()
+        assert n_src == cut + 1 and n_tgt == L - cut + 1
+        assert src[-1] == EOS and labels[-1] == EOS
+        assert src[:-1] + labels[:-1] == windows[r].tolist()  # source + target = the window
+        assert b["tgt_ids"][r, 0] == START and b["tgt_ids"][r, 1:n_tgt].tolist() == labels[:-1]  # shifted by one
+        assert (b["labels"][r, n_tgt:] == IGNORE).all() and (b["src_ids"][r, n_src:] == PAD).all()
+
+
+@pytest.mark.parametrize("min_prefix,min_target", [(1, 1), (3, 2)])
+def test_encoder_decoder_lm_cut_is_uniform(min_prefix, min_target):
+    g = torch.Generator().manual_seed(3)
+    L, draws = 9, 6000
+    windows = torch.randint(5, 50, (draws, L), generator=g)
+    b = obj.encoder_decoder_lm(windows, g, pad_id=0, start_id=1, eos_id=2, min_prefix=min_prefix,
+                               min_target=min_target)
+    cuts = b["prefix_lengths"]
+    values = list(range(min_prefix, L - min_target + 1))
+    assert int(cuts.min()) == values[0] and int(cuts.max()) == values[-1]
+    counts = torch.bincount(cuts, minlength=L + 1)[values].double()
+    expected = draws / len(values)
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    assert chi2 < 24.4  # the 99.9% point of chi-square with <= 7 degrees of freedom is 24.3
+
+
+def test_encoder_decoder_lm_rejects_cuts_that_leave_a_side_empty():
+    with pytest.raises(ValueError, match="min_prefix and min_target"):
+        obj.encoder_decoder_lm(torch.zeros(2, 4, dtype=torch.long), torch.Generator(), pad_id=0, start_id=0, eos_id=1,
+                               min_prefix=2, min_target=3)

@@ -43,7 +43,7 @@ def assert_lossless(tok: Tokenizer, tmp_path) -> None:
     assert again.encode_batch(SAMPLES) == tok.encode_batch(SAMPLES)
 
 
-@pytest.mark.parametrize("kind, size", [("bpe", 600), ("wordpiece", 600), ("char", None)])
+@pytest.mark.parametrize("kind, size", [("bpe", 600), ("wordpiece", 600), ("char", None), ("word", 600)])
 def test_attnlab_files_load_in_hf(corpus, tmp_path, kind, size):
     tok = Tokenizer.train(corpus, kind=kind, vocab_size=size)
     assert_same_encodings(tok, hf_reads(tok, tmp_path))

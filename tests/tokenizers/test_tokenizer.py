@@ -13,9 +13,9 @@ from attnlab.tokenizers import Tokenizer
 CORPUS = ["the cat sat on the mat\n", "the dog sat on the log\n"] * 10
 
 
-@pytest.mark.parametrize("kind", ["bpe", "wordpiece", "char"])
+@pytest.mark.parametrize("kind", ["bpe", "wordpiece", "char", "word"])
 def test_every_kind_trains_and_round_trips(kind):
-    size = {"bpe": 300, "wordpiece": 100, "char": None}[kind]
+    size = {"bpe": 300, "wordpiece": 100, "char": None, "word": None}[kind]
     tok = Tokenizer.train(CORPUS, kind=kind, vocab_size=size)
     assert tok.kind == kind and len(tok) == tok.vocab_size
     ids = tok.encode("the cat sat")

@@ -35,7 +35,7 @@ def test_every_spec_implies_a_valid_model(name):
         fields = objective_fields(name, nsp, "decoder")
         ModelConfig().replace(**fields)  # validates
         assert fields["arch"] == spec.arch and fields["head"] == spec.head
-    for kind in ("char", "bpe", "wordpiece"):
+    for kind in ("char", "bpe", "wordpiece", "word"):
         tokens = spec.special_tokens(kind)
         assert tokens and len(set(tokens)) == len(tokens)
 
@@ -69,8 +69,8 @@ def test_a_registered_objective_trains_through_the_trainer(tmp_path, monkeypatch
         TrainConfig.from_dict(cfg)
 
     monkeypatch.setitem(OBJECTIVES, "reversed_lm", ReversedLM())
-    monkeypatch.setattr(ReversedLM, "drawn", 0)
     trainer = Trainer(TrainConfig.from_dict(cfg), show_progress=False, log=lambda _: None)
+    monkeypatch.setattr(ReversedLM, "drawn", 0)  # building checked the data with a batch of each split
     assert trainer.pipeline.tokenizer.token_to_id("<rev>") is not None  # the spec's special tokens
     assert trainer.model.config.arch == "decoder"
     summary = trainer.fit()
@@ -87,3 +87,48 @@ def test_a_text_objective_on_pairs_names_what_fits(tmp_path):
     cfg["data"].update(source=str(tmp_path / "p.tsv"), valid=str(tmp_path / "p.tsv"))
     with pytest.raises(ValueError, match="seq2seq takes pairs, the other objectives plain text"):
         Trainer(TrainConfig.from_dict(cfg), show_progress=False, log=lambda _: None)
+
+
+def _fit(tmp_path, objective: str, preset: str, tokenizer: dict) -> Trainer:
+    cfg = tiny_config(tmp_path, max_steps=2, eval_every=2, checkpoint_every=2)
+    cfg["data"].update(objective=objective, tokenizer=tokenizer)
+    cfg["model"]["preset"] = preset
+    trainer = Trainer(TrainConfig.from_dict(cfg), show_progress=False, log=lambda _: None)
+    summary = trainer.fit()
+    assert summary["steps"] == 2 and math.isfinite(summary["val_loss"])
+    return trainer
+
+
+def test_span_masked_lm_trains_and_masks_whole_words_of_the_tokenizer(tmp_path):
+    from attnlab.tokenizers.boundaries import word_starts
+
+    # a WordPiece of 60 pieces spells the corpus's words in several pieces each
+    trainer = _fit(tmp_path, "span_masked_lm", "tiny-encoder", {"kind": "wordpiece", "vocab_size": 60})
+    assert trainer.model.config.arch == "encoder" and trainer.model.config.head == "mlm"
+    tok, pipe = trainer.pipeline.tokenizer, trainer.pipeline
+    g = torch.Generator().manual_seed(7)
+    batch = pipe.train_batch(g)
+    original = pipe.train.random_windows(pipe.cfg.batch_size, pipe.cfg.seq_len, torch.Generator().manual_seed(7))
+    picked = batch["labels"] != batches.IGNORE
+    assert picked.any() and torch.equal(batch["labels"][picked], original[picked])
+    starts = word_starts(tok, original)
+    assert not starts.all()  # words of more than one piece are in the windows
+    for row, mask in zip(starts, picked):  # each masked run opens at a word start and stops before the next
+        edges = torch.diff(torch.cat([torch.tensor([0]), mask.long(), torch.tensor([0])]))
+        for s, e in zip(torch.nonzero(edges == 1).flatten().tolist(), torch.nonzero(edges == -1).flatten().tolist()):
+            assert row[s] and (e == len(row) or row[e])
+
+
+def test_encoder_decoder_lm_trains_on_a_window_cut_in_two(tmp_path):
+    trainer = _fit(tmp_path, "encoder_decoder_lm", "tiny-encoder-decoder", {"kind": "char"})
+    assert trainer.model.config.arch == "encoder_decoder"
+    tok, pipe = trainer.pipeline.tokenizer, trainer.pipeline
+    batch = pipe.train_batch(torch.Generator().manual_seed(7))
+    windows = pipe.train.random_windows(pipe.cfg.batch_size, pipe.cfg.seq_len, torch.Generator().manual_seed(7))
+    for r, window in enumerate(windows.tolist()):
+        n_src, n_tgt = int(batch["src_mask"][r].sum()), int(batch["tgt_mask"][r].sum())
+        src, labels = batch["src_ids"][r, :n_src].tolist(), batch["labels"][r, :n_tgt].tolist()
+        assert src[-1] == labels[-1] == tok.eos_token_id
+        assert src[:-1] + labels[:-1] == window
+        assert batch["tgt_ids"][r, 0] == tok.pad_token_id  # T5 decodes from the pad id
+        assert batch["tgt_ids"][r, 1:n_tgt].tolist() == labels[:-1]
