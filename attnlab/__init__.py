@@ -5,9 +5,10 @@
     model = attnlab.build_model(cfg)
     logits = model(input_ids)            # (B, T, V)
 
-`import attnlab` loads the core only: configs, models, save/load and generate. Everything else
-(training, data, fine-tuning, tokenizers, interop, inspect, parallel) is imported on first use
-of its name, so `attnlab.Trainer` or `attnlab.data` cost nothing until touched.
+`import attnlab` loads the configs and presets only (no torch: the `attnlab` command answers
+`--help` at once); every other name — the models, save/load and generate as much as training,
+data, fine-tuning, tokenizers, interop, inspect and parallel — is imported on first use, so
+`attnlab.build_model` loads the model code and `attnlab.Trainer` the training code when touched.
 """
 
 from __future__ import annotations
@@ -17,14 +18,17 @@ from typing import Any
 
 from attnlab import presets
 from attnlab.config import AttentionConfig, ModelConfig, PositionConfig, RNNConfig
-from attnlab.decoding import GenerateOutput, generate
-from attnlab.io import load, save
-from attnlab.models import Decoder, Encoder, EncoderDecoder, RNNEncoderDecoder, build_model
 
 __version__ = "0.1.0"
 
 # name -> (module, attribute in it; None for the module itself), imported on first use
 _LAZY: dict[str, tuple[str, str | None]] = {
+    **{name: ("attnlab.models", name) for name in ("Decoder", "Encoder", "EncoderDecoder", "RNNEncoderDecoder",
+                                                   "build_model")},
+    "GenerateOutput": ("attnlab.decoding", "GenerateOutput"),
+    "generate": ("attnlab.decoding", "generate"),
+    "load": ("attnlab.io", "load"),
+    "save": ("attnlab.io", "save"),
     "data": ("attnlab.data", None),
     "finetune": ("attnlab.finetune", None),
     "inspect": ("attnlab.inspect", None),

@@ -13,7 +13,6 @@ import shutil
 import time
 from pathlib import Path
 
-import torch
 
 RECIPE = {  # the same as examples/shakespeare_char.json (a test keeps the two equal)
     "model": {"preset": "tiny-decoder", "d_model": 128, "num_layers": 4, "num_heads": 4, "d_ff": 512,
@@ -23,28 +22,15 @@ RECIPE = {  # the same as examples/shakespeare_char.json (a test keeps the two e
              "tokenizer": {"kind": "char"}},
     "optim": {"name": "adamw", "lr": 0.002, "betas": [0.9, 0.99], "weight_decay": 0.1, "grad_clip": 1.0},
     "schedule": {"name": "cosine", "warmup_steps": 100, "min_lr_ratio": 0.1},
-    "train": {"out_dir": "runs/shakespeare-char", "max_steps": 5000, "precision": "bf16", "eval_every": 500,
+    "train": {"out_dir": "runs/shakespeare-char", "max_steps": 5000, "precision": "auto", "eval_every": 500,
               "eval_batches": 20, "log_every": 50, "checkpoint_every": 500, "keep_last": 2, "seed": 0},
 }
 
 
-def bf16_is_fast() -> bool:
-    """Whether this machine runs bf16 matmuls natively (a GPU that supports it, or a CPU with
-    avx512_bf16/AMX); elsewhere bf16 autocast is emulated and slower than fp32."""
-    if torch.cuda.is_available():
-        return torch.cuda.is_bf16_supported()
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
 def demo_config(steps: int | None = None, out_dir: str = "runs/demo", seed: int = 0, threads: int | None = None) -> dict:
-    """The recipe as plain data, shortened to `steps` (warmup and evaluation scale down with it);
-    fp32 instead of the recipe's bf16 on machines without native bf16."""
+    """The recipe as plain data, shortened to `steps` (warmup and evaluation scale down with it).
+    Its precision is `auto`: the Trainer picks bf16 where this machine runs it natively, else fp32."""
     cfg = copy.deepcopy(RECIPE)
-    if not bf16_is_fast():
-        cfg["train"]["precision"] = "fp32"
     cfg["train"].update(out_dir=out_dir, seed=seed, threads=threads)
     if steps is not None:
         run = cfg["train"]
@@ -67,11 +53,13 @@ def calibrate_steps(trainer, seconds: float, most: int, probe_steps: int = 6) ->
     return max(100, min(most, int(0.9 * seconds / per_step)))  # 10% for evaluations and checkpoints
 
 
-def sample_text(model: torch.nn.Module, prompt: list[int], n: int, *, context: int,
-                generator: torch.Generator) -> list[int]:
+def sample_text(model: "torch.nn.Module", prompt: list[int], n: int, *, context: int,
+                generator: "torch.Generator") -> list[int]:
     """The prompt and n sampled tokens (temperature 0.8, top-k 20), the model never seeing more
     than the `context` tokens it was trained on: `generate` runs in chunks, each prompted with
     the last context // 2 tokens so far."""
+    import torch
+
     from attnlab.decoding import generate
 
     device = next(model.parameters()).device
@@ -87,6 +75,8 @@ def sample_text(model: torch.nn.Module, prompt: list[int], n: int, *, context: i
 
 def run(steps: int | None, seed: int, out_dir: str, sample_chars: int = 400, threads: int | None = None,
         minutes: float | None = 4.0) -> dict:
+    import torch
+
     from attnlab.training import TrainConfig, Trainer
 
     start = time.perf_counter()
@@ -142,7 +132,7 @@ def _main(args: argparse.Namespace) -> int:
         raise ValueError(f"--steps must be positive, got {args.steps}")
     if args.threads is not None and args.threads <= 0:
         raise ValueError(f"--threads must be positive, got {args.threads}")
-    if args.minutes <= 0:
+    if not args.minutes > 0:  # nan too
         raise ValueError(f"--minutes must be positive, got {args.minutes}")
     run(args.steps, args.seed, args.out, args.sample_chars, args.threads, args.minutes)
     return 0

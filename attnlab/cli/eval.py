@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
-
-from attnlab.training.checkpoint import resolve_checkpoint
 
 
 def evaluate_checkpoint(path: str, which: str = "best", batches: int | None = None) -> dict:
@@ -19,10 +16,12 @@ def evaluate_checkpoint(path: str, which: str = "best", batches: int | None = No
     Raises:
         FileNotFoundError: no checkpoint or no config.json beside it.
         CheckpointError: a corrupted checkpoint.
+        ValueError: a config.json that is not a run's.
     """
     from attnlab.config import ModelConfig
+    from attnlab.io.files import read_json
     from attnlab.models import build_model
-    from attnlab.training.checkpoint import load_checkpoint
+    from attnlab.training.checkpoint import load_checkpoint, resolve_checkpoint
     from attnlab.training.config import TrainConfig
     from attnlab.training.trainer import Trainer
 
@@ -31,7 +30,10 @@ def evaluate_checkpoint(path: str, which: str = "best", batches: int | None = No
     config_file = run_dir / "config.json"
     if not config_file.exists():
         raise FileNotFoundError(f"{config_file} is missing; eval needs the run folder written by `attnlab train`")
-    saved = json.loads(config_file.read_text(encoding="utf-8"))
+    saved = read_json(config_file)
+    if not isinstance(saved.get("config"), dict) or not isinstance(saved.get("model"), dict):
+        raise ValueError(f"{config_file}: expected the config.json of an `attnlab train` run (with 'config' and "
+                         "'model' sections)")
     cfg = TrainConfig.from_dict(saved["config"])
     cfg.train.out_dir = str(run_dir)  # the tokenizer lives there, whatever the working folder
     if batches is not None:

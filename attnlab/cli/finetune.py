@@ -9,13 +9,19 @@ metrics.jsonl and a confusion matrix (text and PNG). With `head: token_classific
 data rows hold words and one label per word (JSONL lists, or space-separated CSV columns);
 metrics are over words (token accuracy, macro-F1) and words cut by max_length are counted.
 Each seed trains on the one training loop with checkpoints under out_dir/runs/; `--resume`
-continues an interrupted job and ends as the uninterrupted one would.
+continues an interrupted job and ends as the uninterrupted one would (with no checkpoint there
+yet it warns and starts afresh). Ctrl-C saves the current seed's checkpoint after its step,
+prints the command that resumes the job and exits with 130. An out_dir that holds an earlier
+job's model or checkpoints is refused unless `--overwrite`; a job running on the out_dir refuses a
+second one (out_dir/.attnlab.lock).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 from pathlib import Path
 
 
@@ -30,12 +36,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-steps", type=int, default=None, help="override recipe.max_steps")
     parser.add_argument("--resume", action="store_true",
                         help="continue an interrupted job from its checkpoints (out_dir/runs), exactly")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace the fine-tuned model and checkpoints of an earlier job in out_dir")
     parser.set_defaults(func=_main)
 
 
 def _main(args: argparse.Namespace) -> int:
     from attnlab.finetune.job import run_finetune
     from attnlab.training.config import load_config_file
+    from attnlab.training.trainer import TrainingInterrupted
 
     path = Path(args.config)
     config = load_config_file(path)
@@ -46,5 +55,14 @@ def _main(args: argparse.Namespace) -> int:
     if args.max_steps is not None:
         config.setdefault("recipe", {})["max_steps"] = args.max_steps
     print(json.dumps(config, indent=2))
-    run_finetune(config, resume=args.resume)
+    again = ["attnlab", "finetune", args.config,
+             *(["--out-dir", args.out_dir] if args.out_dir is not None else []),
+             *(["--max-steps", str(args.max_steps)] if args.max_steps is not None else []),
+             *(["--threads", str(args.threads)] if args.threads is not None else [])]
+    try:
+        run_finetune(config, resume=args.resume, overwrite=args.overwrite,
+                     command=shlex.join(again + ["--resume"] * args.resume + ["--overwrite"] * args.overwrite))
+    except TrainingInterrupted as err:
+        print(f"attnlab finetune: {err}\nresume with: {shlex.join(again + ['--resume'])}", file=sys.stderr, flush=True)
+        return 130
     return 0

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+import warnings
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported when a command runs, so that building the parser stays light
+    import torch
 
-from attnlab.decoding import generate
+_EXTRAPOLATING = ("rotary", "sinusoidal")  # positions computed for any index, but trained on max_len of them
+_SAMPLING_FLAGS = ("temperature", "top_k", "top_p")
 
 
 def load_checkpoint(path: str) -> tuple[torch.nn.Module, Any]:
@@ -31,6 +34,8 @@ def role_id(tokenizer: Any, role: str) -> int | None:
 
 def pad_batch(rows: list[list[int]], pad: int, *, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Token lists -> (ids (B, T), mask (B, T)), padded on the left (prompts) or right (sources)."""
+    import torch
+
     if any(not r for r in rows):
         raise ValueError("an input is empty after tokenization: give at least one token")
     T = max(len(r) for r in rows)
@@ -51,23 +56,104 @@ def new_text(tokenizer: Any, ids: list[int], eos: int | None) -> str:
 
 
 def decoding_kwargs(args: argparse.Namespace, tokenizer: Any) -> dict[str, Any]:
-    """generate() keyword arguments from the shared decoding flags."""
+    """generate() keyword arguments from the shared decoding flags; a warning for sampling
+    flags given without --sample (greedy and beam search ignore them).
+
+    Raises:
+        ValueError: a --seed outside [0, 2**63).
+    """
+    import torch
+
     eos = args.eos_token_id if args.eos_token_id is not None else role_id(tokenizer, "eos")
     pad = role_id(tokenizer, "pad")
     kw = dict(max_new_tokens=args.max_new_tokens, num_beams=args.num_beams, length_penalty=args.length_penalty,
               repetition_penalty=args.repetition_penalty, no_repeat_ngram_size=args.no_repeat_ngram_size,
               eos_token_id=eos, pad_token_id=pad)
+    if not 0 <= args.seed < 2 ** 63:
+        raise ValueError(f"--seed must be in [0, 2**63), got {args.seed}")
     if args.sample:
-        kw.update(do_sample=True, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                  generator=torch.Generator().manual_seed(args.seed))
+        kw.update(do_sample=True, temperature=1.0 if args.temperature is None else args.temperature,
+                  top_k=args.top_k, top_p=args.top_p, generator=torch.Generator().manual_seed(args.seed))
+    else:
+        ignored = [f"--{name.replace('_', '-')}" for name in _SAMPLING_FLAGS if getattr(args, name) is not None]
+        if ignored:
+            warnings.warn(f"{', '.join(ignored)} only apply with --sample; without it decoding is "
+                          f"{'beam search' if args.num_beams > 1 else 'greedy'} and ignores them", stacklevel=2)
     return kw
+
+
+def check_length(model: torch.nn.Module, *, rows: int, prompt_len: int, max_new_tokens: int,
+                 source_len: int | None = None) -> None:
+    """Refuse a decoding that cannot fit in memory, and warn when it runs past the context the
+    model was built for with positions that extrapolate (rotary, sinusoidal). Learned and
+    binary positions have a fixed table: `generate` refuses those itself.
+
+    The memory needed is counted before anything is allocated: generate() reserves the output
+    ids and the key/value cache for prompt + max_new_tokens tokens per row up front.
+
+    Args:
+        rows: sequences decoded at once (prompts x beams).
+        prompt_len: tokens of the longest prompt (decoder) or 1 (an encoder-decoder's start token).
+        source_len: tokens of the longest source of an encoder-decoder (None for a decoder).
+
+    Raises:
+        ValueError: more memory than this machine has free, naming --max-new-tokens and the
+            largest value that fits.
+    """
+    if max_new_tokens < 0:
+        return  # generate() refuses it with its own message
+    config = model.config
+    length = prompt_len + max_new_tokens
+    per_token = _bytes_per_token(model)
+    available = available_memory()
+    if available is not None and rows * length * per_token > available:
+        fits = max(0, available // (rows * per_token) - prompt_len)
+        raise ValueError(f"--max-new-tokens {max_new_tokens:,}: decoding {rows} row(s) of up to {length:,} tokens "
+                         f"needs about {rows * length * per_token / 2 ** 30:,.1f} GiB (output ids and key/value "
+                         f"cache), more than the {available / 2 ** 30:.1f} GiB of memory available; the model's "
+                         f"context is {config.position.max_len} tokens and at most about {fits:,} new tokens fit here")
+    pos = config.position
+    if pos.scheme not in _EXTRAPOLATING:
+        return
+    past = (f"the model's context of {pos.max_len} tokens (position.max_len, {pos.scheme} positions): it never saw "
+            "positions beyond it")
+    if source_len is not None and source_len > pos.max_len:
+        warnings.warn(f"a source of {source_len} tokens is longer than {past}", stacklevel=2)
+    if length > pos.max_len:
+        text = (f"an output of up to {length} tokens (--max-new-tokens {max_new_tokens})" if source_len is not None
+                else f"the prompt ({prompt_len} tokens) + --max-new-tokens {max_new_tokens} = {length} tokens")
+        warnings.warn(f"{text} runs past {past}, and text past that point usually degrades", stacklevel=2)
+
+
+def _bytes_per_token(model: torch.nn.Module) -> int:
+    """Bytes one token of one row takes while decoding: its id, mask and position, and its keys
+    and values in every decoder layer."""
+    config = model.config
+    element = next(model.parameters()).element_size()
+    kv = 0
+    if config.arch != "rnn_encoder_decoder":
+        layers = config.resolved_decoder_layers if config.arch == "encoder_decoder" else config.num_layers
+        kv = 2 * layers * config.resolved_num_kv_heads * config.resolved_head_dim * element
+    return 8 + 1 + 8 + kv
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to this process (Linux: MemAvailable), or None when unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def add_decoding_flags(parser: argparse.ArgumentParser, *, max_new: int, beams: int) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=max_new,
                         help=f"at most this many new tokens (default {max_new})")
     parser.add_argument("--sample", action="store_true", help="sample instead of greedy/beam search")
-    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (> 0)")
+    parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (> 0; default 1)")
     parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
     parser.add_argument("--top-p", type=float, default=None, help="nucleus sampling: smallest set with mass >= p")
     parser.add_argument("--seed", type=int, default=0, help="seed of the sampler (default 0)")
@@ -89,7 +175,7 @@ class _Streamer:
         self.printed = 0
         self.done = False
 
-    def __call__(self, tokens: torch.Tensor) -> None:
+    def __call__(self, tokens: torch.Tensor) -> None:  # (N,) the new token of each row
         if self.done:
             return
         token = int(tokens[0])
@@ -123,6 +209,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnlab.decoding import generate
+
     model, tokenizer = load_checkpoint(args.checkpoint)
     rows = [tokenizer.encode(p, add_special_tokens=args.add_special_tokens) for p in args.prompt]
     pad = role_id(tokenizer, "pad")
@@ -132,6 +220,8 @@ def run(args: argparse.Namespace) -> int:
         kw.update(stop_strings=args.stop, tokenizer=tokenizer)
     seq2seq = hasattr(model, "encode")
     start = 1 if seq2seq else ids.shape[1]
+    check_length(model, rows=len(rows) * max(1, args.num_beams), prompt_len=start, max_new_tokens=args.max_new_tokens,
+                 source_len=ids.shape[1] if seq2seq else None)
     stream = len(rows) == 1 and args.num_beams == 1 and not args.no_stream
     streamer = _Streamer(tokenizer, kw["eos_token_id"], sys.stdout) if stream else None
     if stream and not seq2seq:

@@ -7,10 +7,6 @@ import argparse
 import os
 import re
 
-import torch
-
-from attnlab.nn.kernels import KERNELS
-
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
@@ -24,7 +20,19 @@ def _tokens(tok, ids: list[int]) -> list[str]:
     return out
 
 
+def _heads(text: str | None) -> list[int] | None:
+    """`--heads 0,2` -> [0, 2]."""
+    if text is None:
+        return None
+    try:
+        return [int(h) for h in text.split(",")]
+    except ValueError:
+        raise ValueError(f"--heads expects comma-separated head indices such as 0,2, got {text!r}") from None
+
+
 def _attention(args: argparse.Namespace) -> int:
+    import torch
+
     from attnlab.inspect.attention_maps import attention_maps
     from attnlab.inspect.plots import plot_alignment, plot_head_grid
     from attnlab.io.weights import write_safetensors
@@ -37,7 +45,10 @@ def _attention(args: argparse.Namespace) -> int:
     src = tok.encode(args.text)
     if not src:
         raise ValueError("--text encodes to no tokens")
-    heads = [int(h) for h in args.heads.split(",")] if args.heads else None
+    heads = _heads(args.heads)
+    if args.target is not None and arch not in ("encoder_decoder", "rnn_encoder_decoder"):
+        raise ValueError(f"--target is for encoder-decoders (the text aligned with --text); {args.checkpoint} holds "
+                         f"arch={arch!r}, whose maps are of --text alone: drop --target")
     if arch in ("encoder_decoder", "rnn_encoder_decoder"):
         if args.target is None:
             raise ValueError(f"--target is needed for arch={arch!r} (the target text to align with --text)")
@@ -48,6 +59,8 @@ def _attention(args: argparse.Namespace) -> int:
     else:
         tgt = src
         inputs = (torch.tensor([src]),)
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise ValueError(f"--out {args.out} is a file; give a folder for the maps")
     maps = attention_maps(model, *inputs, names=args.layers or None, heads=heads)
     os.makedirs(args.out, exist_ok=True)
     write_safetensors({n: w.contiguous() for n, w in maps.items()}, os.path.join(args.out, "attention.safetensors"))
@@ -67,7 +80,10 @@ def _attention(args: argparse.Namespace) -> int:
 def _cost(args: argparse.Namespace) -> int:
     from attnlab.cli.model import resolve_config
     from attnlab.inspect.cost import cost_table, crossover_seq_len, format_table
+    from attnlab.nn.kernels import KERNELS
 
+    if args.kernel is not None and args.kernel not in KERNELS:
+        raise ValueError(f"--kernel {args.kernel!r} is not a kernel; choose from {', '.join(KERNELS)}")
     cfg = resolve_config(args.config, args.set)
     rows = cost_table(cfg, args.seq_len, src_len=args.src_len, kernel=args.kernel)
     print(format_table(rows, bytes_per_element=args.bytes))
@@ -107,9 +123,13 @@ def _rank_collapse(args: argparse.Namespace) -> int:
 def _kernel_regression(args: argparse.Namespace) -> int:
     from attnlab.inspect.kernel_regression import kernel_regression_demo
 
-    bandwidths = tuple(float(b) for b in args.bandwidths.split(","))
-    if any(not b > 0 for b in bandwidths):
-        raise ValueError(f"--bandwidths must be positive numbers, got {args.bandwidths!r}")
+    try:
+        bandwidths = tuple(float(b) for b in args.bandwidths.split(","))
+    except ValueError:
+        raise ValueError(f"--bandwidths expects comma-separated numbers such as 0.1,0.5,2, got {args.bandwidths!r}") \
+            from None
+    if any(not 0 < b < 1e150 for b in bandwidths):  # scores divide by h**2, which must stay a finite float
+        raise ValueError(f"--bandwidths must be positive numbers below 1e150, got {args.bandwidths!r}")
     errors = kernel_regression_demo(args.out, bandwidths=bandwidths, seed=args.seed)
     for h, e in errors.items():
         print(f"bandwidth {h:g}: mean squared error against the true curve {e:.4f}")
@@ -127,7 +147,8 @@ def _positive_int(text: str) -> int:
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("inspect", help="look inside models: attention maps, cost, gradients, rank",
                                    description="Look inside models: attention maps, FLOPs and memory, gradient flow "
-                                               "through time, rank collapse, attention as kernel regression.")
+                                               "through time, rank collapse, attention as kernel regression.",
+                                   epilog="example: attnlab inspect cost gpt2-small --seq-len 1024")
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
     p = sub.add_parser("attention", help="attention weights of a saved model on a text, as PNGs and tensors",
@@ -145,8 +166,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("config", help="a preset name or a config.json path")
     p.add_argument("--seq-len", type=_positive_int, required=True, help="tokens per sequence T")
     p.add_argument("--src-len", type=_positive_int, help="source length of an encoder-decoder (default T)")
-    p.add_argument("--kernel", choices=tuple(KERNELS),
-                   help="count activation memory as this kernel holds it (default: the config's kernel)")
+    p.add_argument("--kernel", help="count activation memory as this attention kernel holds it (a name that "
+                                    "attention.kernel allows; default: the config's kernel)")
     p.add_argument("--bytes", type=_positive_int, default=4, help="bytes per activation element (default 4)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     p.set_defaults(func=_cost)

@@ -17,6 +17,8 @@ import io
 import json
 from pathlib import Path
 
+PREDICTING_HEADS = ("classification", "regression", "token_classification")  # what `attnlab finetune` trains
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -40,20 +42,30 @@ def predict_file(checkpoint: str, input_path: str, output_path: str, *, text_col
 
     Raises:
         FileNotFoundError: no model folder or input file.
-        ValueError: a missing column, an empty file, an unknown output suffix.
+        ValueError: a missing column, an empty file, an unknown output suffix, a batch size
+            below 1, a model without a fine-tuned head.
     """
     from attnlab.finetune.data import LabelMap, read_examples
     from attnlab.finetune.job import LABELS_FILE, SETTINGS_FILE
     from attnlab.finetune.runner import predict
+    from attnlab.io.files import read_json
     from attnlab.io.serialization import load
 
     folder, out = Path(checkpoint), Path(output_path)
     if out.suffix.lower() not in (".jsonl", ".csv"):
         raise ValueError(f"--output must end in .jsonl or .csv, got {out.name!r}")
+    if out.is_dir():
+        raise ValueError(f"--output {out} is a folder; give the path of a .jsonl or .csv file")
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be a positive integer, got {batch_size}")
     model, tokenizer = load(folder, with_tokenizer=True)
     if tokenizer is None:
         raise FileNotFoundError(f"{folder} has no tokenizer.json (use the model/ folder of `attnlab finetune`)")
-    settings = json.loads((folder / SETTINGS_FILE).read_text(encoding="utf-8")) if (folder / SETTINGS_FILE).is_file() else {}
+    if model.config.head not in PREDICTING_HEADS:
+        raise ValueError(f"{folder} holds a model without a fine-tuned head (head={model.config.head!r}); predict "
+                         f"needs one of {', '.join(PREDICTING_HEADS)}: give the model/ folder written by "
+                         "`attnlab finetune`")
+    settings = read_json(folder / SETTINGS_FILE) if (folder / SETTINGS_FILE).is_file() else {}
     labels = LabelMap.load(folder / LABELS_FILE) if (folder / LABELS_FILE).is_file() else None
     if model.config.head == "token_classification":
         rows = _predict_words(model, tokenizer, settings, labels, input_path, text_column or "words", batch_size)
@@ -103,6 +115,8 @@ def _write_rows(rows: list[dict], out: Path, token_rows: bool = False) -> None:
     """JSONL or CSV (lists become space-separated strings, None `-`), written atomically."""
     from attnlab.io.files import atomic_write_text
 
+    if not rows:
+        raise ValueError(f"no rows to write to {out}: the input holds no examples")
     if out.suffix.lower() == ".jsonl":
         text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     else:

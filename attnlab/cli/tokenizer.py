@@ -34,7 +34,7 @@ _EXAMPLES = {
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``tokenizer`` and its sub-subcommands on the ``attnlab`` parser."""
     parser = subparsers.add_parser(
-        "tokenizer", help="train, encode, decode and inspect tokenizers (BPE, WordPiece, char)",
+        "tokenizer", help="train, encode, decode and inspect tokenizers (BPE, WordPiece, char, word)",
         description="Train a tokenizer on text files, or use one (a tokenizer.json, vocab.txt, "
                     "a folder of GPT-2/HF files, or 'gpt2' / 'bert-uncased').",
         epilog="example:\n  attnlab tokenizer train corpus.txt --kind bpe --vocab-size 8000 --output runs/tok",
@@ -45,7 +45,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
     train = _sub(commands, "train", "learn a tokenizer from text files")
     train.add_argument("files", nargs="+", type=Path, help="UTF-8 text files (read line by line)")
-    train.add_argument("--kind", choices=("bpe", "wordpiece", "char"), default="bpe", help="tokenizer kind (default: bpe)")
+    train.add_argument("--kind", choices=("bpe", "wordpiece", "char", "word"), default="bpe", help="tokenizer kind (default: bpe)")
     train.add_argument("--vocab-size", type=int, default=None, help="target vocabulary size, specials included "
                        "(default: 8000; char: every character seen)")
     train.add_argument("--min-frequency", type=int, default=None, help="least count of a merged pair (default 2; char: 1)")
@@ -92,7 +92,9 @@ def _tokenizer_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
+    """No SUBCOMMAND: the help, and the error on stderr (a failed command says why there)."""
     parser.print_help()
+    print(f"{parser.prog}: error: give a SUBCOMMAND (train, encode, decode or info)", file=sys.stderr)
     return 2
 
 

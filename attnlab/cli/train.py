@@ -4,7 +4,22 @@ Dotted overrides follow the config file: `--model.num_layers 4`, `--optim.lr=3e-
 `--train.out_dir runs/x` (values are parsed as JSON when they parse: numbers, true/false,
 null, lists). The resolved config is printed and saved as OUT/config.json with the seed and
 versions; checkpoints go to OUT/checkpoints/, metrics to OUT/metrics.jsonl, the loss curve to
-OUT/loss.png. `--resume` continues from the latest checkpoint exactly.
+OUT/loss.png.
+
+Continue a run from its folder alone: `attnlab train --resume OUT` rebuilds it from OUT/config.json
+(every override given when it started is in there) and goes on from the latest checkpoint,
+ending bitwise equal to a run that was never stopped. Overrides after it apply on top
+(`--train.max_steps 2000`), except ones that change the model's shape or the tokenizer, which are
+refused. `attnlab train OUT/config.json` (or `attnlab train OUT`) rebuilds the run from that
+file too: add `--resume`, or give another `--train.out_dir` for a fresh copy. `attnlab train CONFIG
+--resume` also continues, from CONFIG and its overrides as given (a model that differs from the
+run's is refused). `--resume` where there is no checkpoint yet warns and starts from step 0.
+
+Ctrl-C finishes the current step, saves a checkpoint, prints the command that resumes it and
+exits with 130 (a second Ctrl-C stops at once; the resume then goes on from the latest
+checkpoint). One run writes to an out_dir at a time: a second `attnlab train` on a folder
+that a live run holds is refused, naming it (the lock is OUT/.attnlab.lock, removed at exit; a
+lock left by a killed run on this machine is taken over).
 
 Start from pretrained weights with `model.init_from`: an `attnlab.save` folder, an `attnlab
 train` run folder or a Hugging Face folder (GPT-2, BERT, BART, Marian, T5) — continued pretraining
@@ -19,8 +34,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from attnlab.training.config import TrainConfig, apply_overrides, load_config_file, parse_value
+from attnlab.config.load import apply_overrides, load_config_file, parse_value, to_dict
+
+if TYPE_CHECKING:  # the training code (and torch) load when a command runs, not for --help
+    from attnlab.training.config import TrainConfig
 
 
 def parse_overrides(items: list[str]) -> tuple[list[tuple[str, object]], dict[str, bool]]:
@@ -35,6 +56,9 @@ def parse_overrides(items: list[str]) -> tuple[list[tuple[str, object]], dict[st
         if item in ("--resume", "--print-config"):
             flags[item[2:].replace("-", "_")] = True
             i += 1
+            if item == "--resume" and i < len(items) and not items[i].startswith("--"):
+                raise ValueError(f"unexpected argument {items[i]!r} after --resume: after CONFIG, --resume takes no "
+                                 "value; a run folder goes first: attnlab train --resume RUN_DIR")
             continue
         if not item.startswith("--") or "." not in item.split("=")[0]:
             raise ValueError(f"unexpected argument {item!r}; overrides look like --model.num_layers 4 or --optim.lr=3e-4")
@@ -48,24 +72,130 @@ def parse_overrides(items: list[str]) -> tuple[list[tuple[str, object]], dict[st
     return overrides, flags
 
 
-def resolve(config_path: str, overrides: list[tuple[str, object]]) -> TrainConfig:
-    """Read a config file, apply dotted overrides, validate."""
-    return TrainConfig.from_dict(apply_overrides(load_config_file(config_path), overrides))
+def resolve(config_path: str, overrides: list[tuple[str, object]], *, resume: bool = False) -> TrainConfig:
+    """Read a run config, apply dotted overrides, validate.
+
+    `config_path` is a config file, or a run folder (or its config.json) written by `attnlab
+    train`: then the resolved config saved there is the base, with `train.out_dir` that folder.
+
+    Raises:
+        ValueError: a bad config (naming the field); with `resume`, a model or tokenizer that
+            differs from the one the run in out_dir was trained with (the weights would not fit).
+        FileNotFoundError: no such file, or a folder without config.json.
+    """
+    from attnlab.training.checkpoint import saved_run_config
+    from attnlab.training.config import TrainConfig
+    from attnlab.training.init import resolve_init_from
+
+    path = _config_file(Path(config_path))
+    data = load_config_file(path)
+    saved = saved_run_config(data)
+    if saved is not None:  # a run folder's config.json: the run is where the file is
+        data = apply_overrides(saved, [("train.out_dir", str(path.parent))])
+    cfg = resolve_init_from(TrainConfig.from_dict(apply_overrides(data, overrides)))  # the model it starts from
+    if resume:
+        _check_same_model(cfg, from_run=saved is not None)
+    return cfg
+
+
+def _config_file(path: Path) -> Path:
+    """A run folder stands for its config.json."""
+    if not path.is_dir():
+        return path
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: a folder without config.json; expected a run config file (.yaml, "
+                                ".yml or .json) or a run folder of attnlab train (it writes config.json when "
+                                "training starts)")
+    return path / "config.json"
+
+
+def _check_same_model(cfg: TrainConfig, *, from_run: bool) -> None:
+    """Refuse to resume the run in cfg.train.out_dir with a model whose weights have other shapes
+    than its own, or another tokenizer: the checkpoint would not load (a size mismatch), or the
+    saved tokenizer.json would silently win. Changes that keep every shape (dropout, the attention
+    kernel) are allowed."""
+    from attnlab.training.checkpoint import saved_run_config
+    from attnlab.training.config import TrainConfig
+
+    out = Path(cfg.train.out_dir)
+    try:
+        earlier_data = saved_run_config(load_config_file(out / "config.json"))
+    except (OSError, ValueError):
+        return  # no run there yet: --resume warns and starts afresh
+    try:
+        earlier = TrainConfig.from_dict(earlier_data)
+    except (ValueError, TypeError, AttributeError):
+        return  # a config.json this version cannot read: the checkpoint's own check names a mismatch
+    changed = (_differences(to_dict(earlier.model), to_dict(cfg.model), "model")
+               + _differences(to_dict(earlier.data.tokenizer), to_dict(cfg.data.tokenizer), "data.tokenizer"))
+    fixed = [c for c in changed if c[0].startswith("data.") or c[0] in ("model.init_from", "model.add_special_tokens")]
+    if not changed or (not fixed and _shapes(earlier) == _shapes(cfg)):
+        return
+    listed = ", ".join(f"{key}: {old!r} in the run, {new!r} here" for key, old, new in changed[:4])
+    if from_run:
+        raise ValueError(f"cannot resume {str(out)!r} with another model or tokenizer ({listed}): its checkpoints "
+                         "hold the weights of the run's own; resume without those overrides, or start a new run "
+                         "with another --train.out_dir")
+    raise ValueError(f"train.out_dir={str(out)!r} holds a run of another model or tokenizer ({listed}); resume it "
+                     f"from its saved config, which keeps the overrides it started with: attnlab train --resume "
+                     f"{shlex.quote(str(out))}; or choose another train.out_dir")
+
+
+def _differences(a: Any, b: Any, prefix: str) -> list[tuple[str, Any, Any]]:
+    """Dotted keys whose values differ between two plain-data configs, with (a, b) values."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for key in sorted(set(a) | set(b)) for d in _differences(a.get(key), b.get(key), f"{prefix}.{key}")]
+    return [] if a == b else [(prefix, a, b)]
+
+
+def _shapes(cfg: TrainConfig) -> dict[str, tuple[int, ...]]:
+    """The model's parameter and buffer shapes, built on the meta device (no memory, no init)."""
+    import torch
+
+    from attnlab.models import build_model
+
+    with torch.device("meta"):
+        model = build_model(cfg.model_config())
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("train", help="train a model from a YAML/JSON run config", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter,
                                    epilog="example: attnlab train examples/shakespeare_char.json --model.num_layers 4 "
-                                          "--train.max_steps 500")
-    parser.add_argument("config", help="run config (.yaml, .yml or .json)")
+                                          "--train.max_steps 500; continued after a stop: attnlab train --resume "
+                                          "runs/shakespeare-char")
+    parser.add_argument("config", nargs="?",
+                        help="run config (.yaml, .yml or .json), or a run folder (or its config.json) to rebuild")
     parser.add_argument("--nproc", type=int, default=1,
                         help="data-parallel processes on this machine: re-launches itself under torchrun "
                              "(DDP; gloo on CPU, NCCL on GPU); also accepted after CONFIG")
+    parser.add_argument("--resume", nargs=argparse.REMAINDER, metavar="RUN_DIR",
+                        help="continue the run in RUN_DIR from its saved config and latest checkpoint: attnlab "
+                             "train --resume RUN_DIR [--SECTION.FIELD VALUE ...]; after CONFIG, continue CONFIG's run")
     parser.add_argument("overrides", nargs=argparse.REMAINDER,
                         help="--SECTION.FIELD VALUE overrides; --resume continues the run; --print-config stops "
                              "after printing the resolved config")
     parser.set_defaults(func=_main)
+
+
+def _command_line(args: argparse.Namespace) -> tuple[str, list[str]]:
+    """(CONFIG, the items after it) from either form: `CONFIG [items]`, or `--resume RUN_DIR
+    [items]` (argparse hands `--resume` everything after it; it becomes a trailing --resume).
+
+    Raises:
+        ValueError: neither a config nor a run folder given.
+    """
+    config, items = args.config, list(args.overrides)
+    if args.resume is not None:
+        tail = list(args.resume)
+        if config is None and tail and not tail[0].startswith("-"):
+            config = tail.pop(0)
+        items = [*items, *tail, "--resume"]
+    if config is None:
+        raise ValueError("expected a run config (attnlab train CONFIG [--SECTION.FIELD VALUE ...]) or a run folder "
+                         "to continue (attnlab train --resume RUN_DIR)")
+    return config, items
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -74,28 +204,42 @@ def _main(args: argparse.Namespace) -> int:
 
     from attnlab.parallel.launch import pop_nproc, relaunch
 
-    nproc, rest = pop_nproc(args.overrides)  # [parallel] --nproc N: run this command under torchrun
+    config, items = _command_line(args)
+    nproc, rest = pop_nproc(items)  # [parallel] --nproc N: run this command under torchrun
     nproc = max(nproc, args.nproc)
     if nproc > 1 and "WORLD_SIZE" not in os.environ:
         parse_overrides(rest)  # a bad override is an error here, not in N processes
-        return relaunch(nproc, ["train", args.config, *rest])
-    if os.environ.get("RANK", "0") != "0":
+        return relaunch(nproc, ["train", config, *rest])
+    main_rank = os.environ.get("RANK", "0") == "0"
+    if not main_rank:
         sys.stdout = open(os.devnull, "w")  # [parallel] rank 0 prints
     overrides, flags = parse_overrides(rest)
-    cfg = resolve(args.config, overrides)  # the model section too is validated here, before the data is prepared
+    # the model section too is validated here, before the data is prepared
+    cfg = resolve(config, overrides, resume=flags["resume"])
     print(json.dumps(cfg.to_dict(), indent=2), flush=True)
     if flags["print_config"]:
         return 0
-    from attnlab.training.trainer import NonFiniteLossError, Trainer
+    from contextlib import nullcontext
 
-    trainer = Trainer(cfg)
-    n_params = sum(p.numel() for p in trainer.model.parameters())
-    print(f"model: {trainer.model.config.arch}, {n_params:,} parameters; device {trainer.device}", flush=True)
-    try:
-        summary = trainer.fit(resume=flags["resume"])
-    except NonFiniteLossError as err:
-        print(f"attnlab train: error: {err}", flush=True)
-        return 1
+    from attnlab.io.lock import RunLock
+    from attnlab.training.trainer import NonFiniteLossError, Trainer, TrainingInterrupted
+
+    # one writer per out_dir, from the data preparation (it writes tokenizer.json) to the end
+    lock = RunLock(cfg.train.out_dir, what="train.out_dir", command=shlex.join(["attnlab", "train", config, *rest]))
+    with lock if main_rank else nullcontext():  # [parallel] rank 0 writes
+        trainer = Trainer(cfg)
+        n_params = sum(p.numel() for p in trainer.model.parameters())
+        print(f"model: {trainer.model.config.arch}, {n_params:,} parameters; device {trainer.device}", flush=True)
+        try:
+            summary = trainer.fit(resume=flags["resume"])
+        except NonFiniteLossError as err:
+            print(f"attnlab train: error: {err}", flush=True)
+            return 1
+        except TrainingInterrupted as err:
+            world = int(os.environ.get("WORLD_SIZE", "1"))
+            again = ["attnlab", "train", "--resume", str(cfg.train.out_dir)] + ["--nproc", str(world)] * (world > 1)
+            print(f"attnlab train: {err}\nresume with: {shlex.join(again)}", file=sys.stderr, flush=True)
+            return 130
     print("summary: " + json.dumps(summary), flush=True)
     from attnlab.parallel import shutdown
 

@@ -11,10 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attnlab.cli.generate import add_decoding_flags, decoding_kwargs, load_checkpoint, new_text, pad_batch, role_id
-from attnlab.io.progress import Progress
-from attnlab.decoding import generate
-from attnlab.io.files import atomic_write_text
+from attnlab.cli.generate import (add_decoding_flags, check_length, decoding_kwargs, load_checkpoint, new_text,
+                                  pad_batch, role_id)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -36,13 +34,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _read_lines(path: str) -> list[str]:
-    if path == "-":
+    """The lines of a UTF-8 file, or of stdin for '-'.
+
+    Raises:
+        ValueError: not UTF-8 (naming the file, or standard input).
+    """
+    from attnlab.io.files import read_text
+
+    if path != "-":
+        return read_text(path, expected="UTF-8 text, one sentence per line").splitlines()
+    try:
         return sys.stdin.read().splitlines()
-    with open(path, encoding="utf-8") as f:
-        return f.read().splitlines()
+    except UnicodeDecodeError as err:
+        raise ValueError(f"standard input: expected UTF-8 text, one sentence per line ({err.reason} at offset "
+                         f"{err.start})") from None
 
 
 def run(args: argparse.Namespace) -> int:
+    from attnlab.decoding import generate
+    from attnlab.io.files import atomic_write_text
+    from attnlab.io.progress import Progress
+
     if args.batch_size <= 0:
         raise ValueError(f"--batch-size must be a positive integer, got {args.batch_size}")
     lines = _read_lines(args.input)
@@ -58,6 +70,9 @@ def run(args: argparse.Namespace) -> int:
     pad = pad if pad is not None else (model.config.pad_token_id or 0)
     sources = [tokenizer.encode(line, add_special_tokens=not args.no_special_tokens) for line in lines]
     todo = sorted((i for i, s in enumerate(sources) if lines[i].strip()), key=lambda i: -len(sources[i]))
+    if todo:
+        check_length(model, rows=min(len(todo), args.batch_size) * max(1, args.num_beams), prompt_len=1,
+                     max_new_tokens=args.max_new_tokens, source_len=len(sources[todo[0]]))
     results = [""] * len(lines)
     progress = Progress(total=len(todo), unit="sent", desc="translate", enabled=not args.quiet)
     for k in range(0, len(todo), args.batch_size):

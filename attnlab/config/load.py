@@ -79,6 +79,8 @@ def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
             data = json.loads(text)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
+    if data is None:
+        raise ValueError(f"{path}: the file is empty; expected a run config (sections such as model:, data:, train:)")
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data

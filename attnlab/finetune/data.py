@@ -19,6 +19,8 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import Tensor
 
+from attnlab.data.sources import csv_dialect
+
 
 @dataclass
 class Example:
@@ -48,7 +50,7 @@ def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 yield i, obj
     elif suffix in (".csv", ".tsv"):
         with path.open(encoding="utf-8", newline="") as f:
-            reader = csv.DictReader(f, delimiter="\t" if suffix == ".tsv" else ",")
+            reader = csv.DictReader(f, **csv_dialect(path))  # the header names the columns
             for i, row in enumerate(reader, start=2):
                 yield i, row
             if reader.fieldnames is None:

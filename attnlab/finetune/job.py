@@ -28,12 +28,19 @@ Each seed is a run of the one training loop (attnlab.training.Trainer), checkpoi
 `recipe.checkpoint_every` steps and at the probe. `resume=True` (`attnlab finetune CONFIG
 --resume`) continues an interrupted job: every seed from its latest checkpoint, probe scores
 already measured taken from probe.json, so it ends as the uninterrupted job would have.
+
+One job writes to an out_dir at a time (attnlab.io.lock: a second is refused, naming the first).
+A fresh job refuses an out_dir that holds an earlier job's fine-tuned model or checkpoints;
+`overwrite=True` (`--overwrite`) replaces them. Ctrl-C stops the current seed after its step with
+a checkpoint (attnlab.training.trainer.TrainingInterrupted); `--resume` goes on from there.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -52,6 +59,7 @@ from attnlab.finetune.sweep import seed_sweep
 from attnlab.finetune.token_runner import TokenFinetuner
 from attnlab.finetune.tokens import encode_word_labels, read_word_examples, word_label_map
 from attnlab.io.files import atomic_write_text
+from attnlab.io.lock import RunLock
 
 LABELS_FILE = "labels.json"
 SETTINGS_FILE = "finetune.json"
@@ -134,7 +142,8 @@ class FinetuneJobConfig:
 
 
 def run_finetune(config: dict[str, Any] | FinetuneJobConfig, *, base: Path | None = None,
-                 log: Callable[[str], None] = print, show_progress: bool = True, resume: bool = False) -> dict:
+                 log: Callable[[str], None] = print, show_progress: bool = True, resume: bool = False,
+                 overwrite: bool = False, command: str | None = None) -> dict:
     """Fine-tune as `config` says and write the output folder (module docstring).
 
     Args:
@@ -142,21 +151,64 @@ def run_finetune(config: dict[str, Any] | FinetuneJobConfig, *, base: Path | Non
         base: folder that relative paths in the config are relative to (default: the cwd).
         log: where progress lines go.
         show_progress: draw a progress line (stderr) while training.
-        resume: continue the job whose runs are in out_dir/runs (module docstring).
+        resume: continue the job whose runs are in out_dir/runs (module docstring); where there
+            is none, a warning and a fresh start.
+        overwrite: replace an earlier job's model and checkpoints in out_dir.
+        command: what the out_dir lock records as its holder (default: this process's argv).
 
     Returns:
         the summary dict (also written to out_dir/summary.json).
 
     Raises:
         ValueError, TypeError, FileNotFoundError: bad config, data or model (named); a fresh job
-            in an out_dir that holds an earlier job's checkpoints.
+            in an out_dir that holds an earlier job's model or checkpoints (without `overwrite`).
+        RunLockedError: another live job or run writes to out_dir.
+        TrainingInterrupted: Ctrl-C; the seed's checkpoint is saved, `resume=True` goes on.
     """
     job = config if isinstance(config, FinetuneJobConfig) else FinetuneJobConfig.from_dict(config)
-    start = time.perf_counter()
     base = Path(base) if base is not None else Path.cwd()
+    out = _resolve(base, job.out_dir)
+    if resume and overwrite:
+        raise ValueError("resume and overwrite: pick one (--resume continues the job in out_dir, --overwrite "
+                         "replaces it)")
+    with RunLock(out, what="out_dir", command=command):  # before anything is written there
+        resume = _prepare_out_dir(out, resume=resume, overwrite=overwrite, log=log)
+        return _run_job(job, config, base, out, log=log, show_progress=show_progress, resume=resume)
+
+
+def _resolve(base: Path, p: str | None) -> Path | None:
+    """A config path: absolute as it is, else relative to `base`."""
+    return None if p is None else (Path(p) if Path(p).is_absolute() else base / p)
+
+
+def _prepare_out_dir(out: Path, *, resume: bool, overwrite: bool, log: Callable[[str], None]) -> bool:
+    """Refuse (or with `overwrite` clear) what an earlier job left in `out`: its fine-tuned model
+    would be silently replaced, its checkpoints would be resumed by a job that did not ask to.
+    Returns whether the job resumes (`resume` with checkpoints to resume from)."""
+    model, runs = out / "model", out / "runs"
+    checkpoints = any(runs.glob("seed-*/checkpoints/step-*"))
+    if resume and checkpoints:
+        return True
+    if resume:  # nothing to resume: a fresh job, with a fresh job's checks
+        warnings.warn(f"resume: {runs} holds no checkpoint; the job starts from the beginning", stacklevel=3)
+    held = [f"a fine-tuned model ({model})"] * model.exists() + ["the checkpoints of an earlier job"] * checkpoints
+    if held and not overwrite:
+        raise ValueError(f"out_dir={str(out)!r} already holds {' and '.join(held)}; "
+                         + ("continue that job with --resume, " if checkpoints else "")
+                         + f"replace {'them' if len(held) > 1 else 'it'} with --overwrite, or choose another out_dir")
+    if overwrite and runs.exists():
+        shutil.rmtree(runs)  # the earlier job's seeds: a fresh job cannot start over its checkpoints
+        log(f"overwrite: removed the earlier job's runs ({runs}); its model is replaced at the end")
+    return False
+
+
+def _run_job(job: FinetuneJobConfig, config: dict[str, Any] | FinetuneJobConfig, base: Path, out: Path, *,
+             log: Callable[[str], None], show_progress: bool, resume: bool) -> dict:
+    """The job itself (run_finetune), with out_dir locked and checked."""
+    start = time.perf_counter()
 
     def resolve(p: str | None) -> Path | None:
-        return None if p is None else (Path(p) if Path(p).is_absolute() else base / p)
+        return _resolve(base, p)
 
     if job.threads:
         torch.set_num_threads(job.threads)
@@ -187,11 +239,7 @@ def run_finetune(config: dict[str, Any] | FinetuneJobConfig, *, base: Path | Non
     sign = -1.0 if metric == "mse" else 1.0  # the sweep maximises: mse is an error
     base_model, tokenizer = load_pretrained(str(resolve(job.model)) if job.model != "minilm" else "minilm",
                                             resolve(job.tokenizer))
-    out = resolve(job.out_dir)
     runs = out / "runs"
-    if not resume and any(runs.glob("seed-*/checkpoints/step-*")):
-        raise ValueError(f"out_dir={str(out)!r} holds the checkpoints of an earlier job; continue it with --resume, "
-                         "or choose another out_dir")
     probe_file = runs / "probe.json"
     known = {int(k): v for k, v in json.loads(probe_file.read_text(encoding="utf-8")).items()} \
         if resume and probe_file.exists() else {}
@@ -202,6 +250,9 @@ def run_finetune(config: dict[str, Any] | FinetuneJobConfig, *, base: Path | Non
         model = with_head(base_model, head, len(labels), pooling=job.pooling, dropout=job.dropout, seed=seed)
         runner = TokenFinetuner if head == "token_classification" else Finetuner
         run = runner(model, tokenizer, train, y_train, recipe, seed=seed, out_dir=runs / f"seed-{seed}", resume=resume)
+        # the sweep's phases end at absolute steps (probe_steps, then max_steps): a run resumed
+        # from a checkpoint inside a phase still stops where that phase ends
+        run.target_step = 0
         plain_train = run.train
 
         def train_with_progress(steps: int) -> None:  # a progress line per seed and phase

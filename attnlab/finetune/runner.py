@@ -41,7 +41,9 @@ class Recipe:
     re-initialised; freeze_embeddings / freeze_layers: frozen bottom; lm_loss_weight: lambda;
     betas, eps: AdamW's; grad_accum: micro-batches of batch_size per step (weighted by examples,
     or labelled tokens); checkpoint_every: steps between checkpoints (the last step and a sweep's
-    probe are checkpointed too); nan_policy: stop or skip a step whose loss is not finite.
+    probe are checkpointed too); nan_policy: stop or skip a step whose loss is not finite;
+    precision: bf16 autocasts the forward passes (weights and optimizer stay fp32), auto picks
+    bf16 where the device runs it natively and fp32 elsewhere (attnlab.training.precision).
     """
 
     lr: float = 5e-5
@@ -63,7 +65,7 @@ class Recipe:
     lm_loss_weight: float = 0.0
     padding_side: str = "right"
     label_position: str = "first"  # token classification: the sub-token of a word that carries its label
-    precision: str = "fp32"  # fp32 | bf16 (autocast for the forward passes; weights and optimizer stay fp32)
+    precision: str = "auto"  # auto | fp32 | bf16 (see above)
     checkpoint_every: int = 200
     nan_policy: str = "stop"
     device: str = "auto"  # auto | cpu | cuda
@@ -149,6 +151,11 @@ class Finetuner:
         return self.trainer.optimizer
 
     @property
+    def precision(self) -> str:
+        """What this run computes in, "bf16" or "fp32": the recipe's precision as its Trainer resolved it."""
+        return self.trainer.precision
+
+    @property
     def step_count(self) -> int:
         return self.trainer.step
 
@@ -185,7 +192,7 @@ class Finetuner:
         """Head outputs for examples, in order: (N, K) logits, or (N,) for regression."""
         return predict(self.model, self.tokenizer, examples, max_length=self.recipe.max_length,
                        pad_id=self.pad_id, padding_side=self.recipe.padding_side, batch_size=batch_size,
-                       precision=self.recipe.precision)
+                       precision=self.precision)
 
     def evaluate(self, examples: Sequence[Example], labels: Sequence[int]) -> dict:
         """accuracy, macro-F1, MCC and n (classification); mse (regression)."""
@@ -199,8 +206,11 @@ class Finetuner:
 @torch.no_grad()
 def predict(model: nn.Module, tokenizer: Any, examples: Sequence[Example], *, max_length: int = 128,
             pad_id: int = 0, padding_side: str = "right", batch_size: int = 64, precision: str = "fp32") -> Tensor:
-    """Head outputs of a fine-tuned model for examples, in order (eval mode; mode restored;
-    `precision` "bf16" runs the forward passes under bf16 autocast)."""
+    """Head outputs of a fine-tuned model for examples, in order (eval mode; mode restored).
+
+    `precision` "bf16" runs the forward passes under bf16 autocast, "auto" where the device runs
+    bf16 natively (attnlab.training.precision). The default stays fp32: the full-precision
+    outputs `attnlab predict` writes; a Finetuner passes the precision its run resolved."""
     was_training = model.training
     model.eval()
     outs = []

@@ -25,6 +25,7 @@ from attnlab.config import ModelConfig
 from attnlab.interop import bart, bert, gpt2, marian, t5
 from attnlab.interop.common import state_from_hf, state_to_hf
 from attnlab.interop.files import read_weights
+from attnlab.interop.special import special_token_ids, tokenizer_config
 from attnlab.io.files import atomic_folder, read_json
 from attnlab.io.weights import SAFETENSORS, load_state, write_safetensors
 
@@ -102,7 +103,10 @@ def from_hf(model_or_path: Any) -> nn.Module:
             raise FileNotFoundError(f"{folder} is not a folder (expected config.json + {SAFETENSORS})")
         hf_config = read_json(folder / "config.json")
         architecture = folder_architecture(hf_config, str(folder / "config.json"))
-        _family(architecture)  # fail on the architecture before reading gigabytes
+        try:
+            _family(architecture)  # fail on the architecture before reading gigabytes
+        except ValueError as err:
+            raise ValueError(f"{folder}: {err}") from None
         state, file = read_weights(folder)
         return from_state(hf_config, architecture, state, source=str(file))
     if not isinstance(model_or_path, nn.Module) or not hasattr(model_or_path, "config"):
@@ -126,7 +130,8 @@ def _export_family(config: ModelConfig, family: str | None) -> ModuleType:
                      f"position.scheme={config.position.scheme!r}")
 
 
-def hf_export(model: nn.Module, family: str | None = None) -> tuple[dict[str, Any], str, dict[str, Tensor]]:
+def hf_export(model: nn.Module, family: str | None = None, *,
+              tokenizer: Any = None) -> tuple[dict[str, Any], str, dict[str, Tensor]]:
     """(config.json dict, architecture, state dict with each tied tensor once) of an attnlab model.
 
     Args:
@@ -134,21 +139,26 @@ def hf_export(model: nn.Module, family: str | None = None) -> tuple[dict[str, An
         family: `gpt2`, `bert`, `bart`, `marian` or `t5`; None picks by the config
             (decoder -> GPT-2, encoder -> BERT, encoder-decoder by position scheme:
             t5_bias -> T5, sinusoidal -> Marian, learned -> BART).
+        tokenizer: the model's attnlab tokenizer, whose bos/eos ids the config records;
+            without one, the family's defaults where they fit the vocabulary, else None
+            (`attnlab.interop.special`).
 
     Raises:
-        ValueError: the config uses something the family cannot express (fields listed).
+        ValueError: the config uses something the family cannot express (fields listed);
+            a tokenizer special token outside the model's vocabulary.
     """
     config = getattr(model, "config", None)
     if not isinstance(config, ModelConfig):
         raise TypeError(f"expected an attnlab model built by build_model (with .config), got {type(model).__name__}")
     fam = _export_family(config, family)
     hf_config, architecture = fam.config_to_hf(config)
+    hf_config.update(special_token_ids(hf_config, fam.SPECIAL_TOKENS, tokenizer))
     state = state_to_hf(model, fam.conversion(config, architecture))
     return hf_config, architecture, state
 
 
-def to_hf(model: nn.Module, family: str | None = None) -> nn.Module:
-    """The equivalent `transformers` model (eval mode); see `hf_export` for `family`.
+def to_hf(model: nn.Module, family: str | None = None, *, tokenizer: Any = None) -> nn.Module:
+    """The equivalent `transformers` model (eval mode); see `hf_export` for `family` and `tokenizer`.
 
     Raises:
         ValueError: the config cannot be expressed, or the installed transformers ties
@@ -157,7 +167,7 @@ def to_hf(model: nn.Module, family: str | None = None) -> nn.Module:
     """
     import transformers
 
-    hf_config, architecture, state = hf_export(model, family)
+    hf_config, architecture, state = hf_export(model, family, tokenizer=tokenizer)
     kwargs = {k: v for k, v in hf_config.items() if k not in ("model_type", "architectures")}
     config = transformers.AutoConfig.for_model(hf_config["model_type"], **kwargs)
     hf_model = getattr(transformers, architecture)(config)
@@ -166,13 +176,16 @@ def to_hf(model: nn.Module, family: str | None = None) -> nn.Module:
 
 
 def save_hf(model: nn.Module, path: str | os.PathLike, family: str | None = None, tokenizer: Any = None) -> Path:
-    """Write a Hugging Face folder (config.json + model.safetensors, and tokenizer.json when
-    a tokenizer is given), atomically, without needing transformers; `transformers` loads
-    it with `from_pretrained(path)`.
+    """Write a Hugging Face folder (config.json + model.safetensors, and tokenizer.json +
+    tokenizer_config.json when a tokenizer is given), atomically, without needing
+    transformers; `transformers` loads it with `from_pretrained(path)` (model and tokenizer)
+    without a warning about token ids.
 
     Args:
         model: an attnlab model; family: as in `hf_export`.
-        tokenizer: anything with `save(folder)` writing tokenizer.json.
+        tokenizer: an attnlab Tokenizer (anything with `save(folder)` writing tokenizer.json);
+            its bos/eos ids go into config.json and its special tokens into
+            tokenizer_config.json (see `attnlab.interop.special`).
 
     Returns:
         the folder written.
@@ -180,11 +193,22 @@ def save_hf(model: nn.Module, path: str | os.PathLike, family: str | None = None
     Raises:
         ValueError: as `hf_export`; `path` is a file or a non-empty non-model folder.
     """
-    hf_config, architecture, state = hf_export(model, family)
+    hf_config, architecture, state = hf_export(model, family, tokenizer=tokenizer)
     path = Path(path)
     with atomic_folder(path) as tmp:
-        (tmp / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        _write_json(tmp / "config.json", hf_config)
         write_safetensors(state, tmp / SAFETENSORS, metadata={"format": "pt"})
         if tokenizer is not None:
             tokenizer.save(tmp)
+            _write_json(tmp / "tokenizer_config.json", tokenizer_config(tokenizer, _max_length(model.config)))
     return path
+
+
+def _write_json(file: Path, data: dict[str, Any]) -> None:
+    file.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _max_length(config: ModelConfig) -> int | None:
+    """The longest input the exported model takes: its position table's length (learned or
+    sinusoidal positions), else None (relative positions have no limit)."""
+    return config.position.max_len if config.position.scheme in ("learned", "sinusoidal") else None

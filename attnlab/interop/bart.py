@@ -31,6 +31,10 @@ from attnlab.interop.common import (Conversion, Derived, Rule, copy_of, flat_con
 FAMILY = "BART"
 MODEL_TYPE = "bart"
 ARCHITECTURES = {"BartForConditionalGeneration": "lm"}
+# {config.json field: (tokenizer role, BartConfig's default)}; the decoder starts with </s>; see
+# attnlab/interop/special.py
+SPECIAL_TOKENS = {"bos_token_id": ("bos", 0), "eos_token_id": ("eos", 2), "decoder_start_token_id": ("eos", 2),
+                  "forced_eos_token_id": ("eos", 2)}
 
 ACT_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu",
                "silu": "silu", "swish": "silu"}

@@ -29,6 +29,8 @@ from attnlab.interop.common import (Conversion, Derived, copy_of, flat_config, h
 FAMILY = "BERT"
 MODEL_TYPE = "bert"
 ARCHITECTURES = {"BertModel": "none", "BertForMaskedLM": "mlm", "BertForSequenceClassification": "classification"}
+# {config.json field: (tokenizer role, BertConfig's default)}; see attnlab/interop/special.py
+SPECIAL_TOKENS: dict[str, tuple[str, int | None]] = {"bos_token_id": ("bos", None), "eos_token_id": ("eos", None)}
 
 _ACT_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "relu": "relu",
                 "silu": "silu", "swish": "silu"}

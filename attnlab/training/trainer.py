@@ -13,6 +13,13 @@ task's data position, so it takes the same batches and dropout masks as a run th
 stopped, and ends bitwise equal on CPU. Each trainer draws dropout from its own RNG state (saved
 and restored around `fit`), so several runs in one process (a seed sweep) do not disturb each
 other.
+
+Lifecycle: `fit` holds the run folder's lock (attnlab.io.lock: a second run on the folder is
+refused, naming the first). A first Ctrl-C lets the current step finish, saves a checkpoint and
+raises `TrainingInterrupted` (a KeyboardInterrupt) naming it, even on the last step (so a seed
+sweep stops too); a second Ctrl-C stops at once and names the checkpoint a resume would go on
+from. Resuming from the interruption's checkpoint ends bitwise equal to a run that was never
+stopped, like any other checkpoint.
 """
 
 from __future__ import annotations
@@ -21,9 +28,12 @@ import json
 import math
 import os
 import platform
+import signal
 import sys
+import threading
 import time
-from contextlib import contextmanager
+import warnings
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -37,12 +47,30 @@ from attnlab.training.distributed import (all_reduce_sum, any_rank, data_paralle
 from attnlab.training.optim import Schedule, build_optimizer
 from attnlab.training.pipeline import Pipeline
 from attnlab.training.plot import write_loss_curve
+from attnlab.training.precision import resolve_precision
 from attnlab.training.steps import autocast, count_tokens, to_device
+from attnlab.training.task import with_balance_loss
 from attnlab.io.files import atomic_write_text
+from attnlab.io.lock import RunLock
 
 
 class NonFiniteLossError(RuntimeError):
     """The loss (or gradient norm) became NaN or infinite and nan_policy is "stop"."""
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped `fit`. `checkpoint`: where a resume goes on from (None: from step 0);
+    `saved`: written at the interruption (else an earlier checkpoint, the run's latest)."""
+
+    def __init__(self, out: Path, step: int, checkpoint: Path | None, saved: bool):
+        self.out, self.step, self.checkpoint, self.saved = out, step, checkpoint, saved
+        if saved:
+            text = f"interrupted after step {step}; checkpoint saved: {checkpoint}"
+        elif checkpoint is not None:
+            text = f"interrupted at step {step} (stopped at once, nothing saved); a resume goes on from {checkpoint}"
+        else:
+            text = f"interrupted at step {step}, before the first checkpoint; a resume starts from step 0"
+        super().__init__(text)
 
 
 def versions() -> dict[str, str]:
@@ -91,6 +119,7 @@ class Trainer:
         if self.parallel.distributed:
             self.device = self.parallel.device if self.device.type == "cuda" else self.device
             self.log = self.log if self.parallel.is_main else (lambda text: None)
+        self.precision = resolve_precision(run.precision, self.device)  # once: "auto" decided, emulated bf16 warned
         torch.manual_seed(run.seed)
         self.pipeline = pipeline
         if task is None:
@@ -106,7 +135,8 @@ class Trainer:
         if hasattr(task, "prepare"):
             task.prepare(model)  # freezing, re-initialisation: before the optimizer sees the parameters
         self.model = model.to(self.device)
-        self.train_loss = data_parallel_loss(self.model, self.parallel, task.loss)  # [parallel] DDP when dp > 1
+        loss = with_balance_loss(task.loss, self.model)  # + the experts' load balance (MoE models)
+        self.train_loss = data_parallel_loss(self.model, self.parallel, loss)  # [parallel] DDP when dp > 1
         o = config.optim
         groups = task.param_groups(self.model, o.lr, o.weight_decay) if hasattr(task, "param_groups") else None
         self.optimizer = build_optimizer(self.model, o.name, o.lr, o.betas, o.eps, o.weight_decay, groups=groups)
@@ -118,6 +148,7 @@ class Trainer:
         self.step = 0
         self.best: float | None = None
         self.bad_evals = 0
+        self._stop_requested = False  # set by a first Ctrl-C during fit (_deferred_interrupt)
         self.history: dict[str, list[tuple[int, float]]] = {"train": [], "valid": []}
 
     def _rng_now(self) -> dict[str, torch.Tensor]:
@@ -149,7 +180,7 @@ class Trainer:
             return
         self.out.mkdir(parents=True, exist_ok=True)
         data = {"config": self.config.to_dict(), "model": self.model.config.to_dict(), "seed": self.config.train.seed,
-                "versions": versions(), "command": " ".join(sys.argv)}
+                "precision": self.precision, "versions": versions(), "command": " ".join(sys.argv)}
         atomic_write_text(self.out / "config.json", json.dumps(data, indent=2) + "\n")
 
     def _metrics(self, record: dict[str, Any]) -> None:
@@ -208,7 +239,7 @@ class Trainer:
 
     # ---------------------------------------------------------------- evaluation
     def autocast(self):
-        return autocast(self.config.train.precision, self.device)
+        return autocast(self.precision, self.device)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -216,7 +247,7 @@ class Trainer:
         was_training = self.model.training
         self.model.eval()
         try:
-            return self.task.evaluate(self.model, self.device, self.config.train.precision)
+            return self.task.evaluate(self.model, self.device, self.precision)
         finally:
             self.model.train(was_training)
 
@@ -273,10 +304,12 @@ class Trainer:
 
     def fit(self, resume: bool = False, *, stop_at: int | None = None,
             on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-        """Train to `train.max_steps` (or early stopping, or `max_minutes`, or `stop_at`).
+        """Train to `train.max_steps` (or early stopping, or `max_minutes`, or `stop_at`),
+        holding the run folder's lock.
 
         Args:
-            resume: continue from the run's latest checkpoint when there is one.
+            resume: continue from the run's latest checkpoint when there is one (a warning, and a
+                fresh start, when there is none).
             stop_at: pause after this step (checkpointed); a later `fit()` goes on from there.
             on_step: called after every step with {"step", "loss", its parts, "lr", "skipped"}.
 
@@ -286,25 +319,78 @@ class Trainer:
         Raises:
             NonFiniteLossError: a NaN/inf loss with nan_policy "stop" (message names the step).
             ValueError: a fresh run (resume=False) in an out_dir that already holds checkpoints.
+            RunLockedError: another live run writes to train.out_dir (attnlab.io.lock).
+            TrainingInterrupted: Ctrl-C (see the module docstring).
         """
+        lock = RunLock(self.out, what="train.out_dir") if self.parallel.is_main else nullcontext()  # [parallel]
+        with lock:
+            return self._fit(resume, stop_at, on_step)
+
+    def _fit(self, resume: bool, stop_at: int | None, on_step: Callable[[dict[str, Any]], None] | None) -> dict:
         run = self.config.train
         self.out.mkdir(parents=True, exist_ok=True)
-        if resume:
-            self.resume()
-        elif self.step == 0:  # (a trainer already resumed with .resume(path) goes on)
+        if resume and not self.resume():
+            warnings.warn(f"resume: {self.checkpoint_dir} holds no checkpoint; the run starts from step 0",
+                          stacklevel=3)
+            resume = False
+        if not resume and self.step == 0:  # (a trainer already resumed with .resume(path) goes on)
             if list_checkpoints(self.checkpoint_dir):
                 raise ValueError(f"train.out_dir={str(self.out)!r} already holds checkpoints; continue that run with "
-                                 "--resume, or choose another train.out_dir")
+                                 f"`attnlab train --resume {self.out}`, or choose another train.out_dir")
             if (self.out / "metrics.jsonl").exists() and self.parallel.is_main:  # [parallel]
                 (self.out / "metrics.jsonl").unlink()
         end = run.max_steps if stop_at is None else min(stop_at, run.max_steps)
         self._write_config()
+        self.log(f"precision: {self.precision}" + (f" (auto on {self.device.type})" if run.precision == "auto" else ""))
         self.model.train()
-        with self._own_rng():
-            summary = self._loop(end, on_step)
+        try:
+            with self._own_rng(), self._deferred_interrupt():
+                summary = self._loop(end, on_step)
+                stopped = self._stop_requested  # pressed after the loop's last look: not lost (a sweep goes on)
+        except TrainingInterrupted:
+            raise
+        except KeyboardInterrupt:  # a second Ctrl-C (or one where it cannot be deferred): mid-step, save nothing
+            raise self._interrupted(saved=False) from None
+        if stopped:
+            raise self._interrupted(saved=True)
         if summary["stop_reason"] != "stop_at":  # a pause (a sweep's probe) draws nothing: plotting costs a second
             self.plot()
         return summary
+
+    def _interrupted(self, saved: bool) -> TrainingInterrupted:
+        """The interruption, naming the run's latest checkpoint (where a resume goes on from)."""
+        latest = read_index(self.checkpoint_dir).get("latest")
+        return TrainingInterrupted(self.out, self.step, self.checkpoint_dir / latest if latest else None,
+                                   saved=saved and latest is not None)
+
+    @contextmanager
+    def _deferred_interrupt(self) -> Iterator[None]:
+        """While the block runs, a first Ctrl-C only sets `_stop_requested` (the loop finishes
+        its step, checkpoints and stops); a second one raises KeyboardInterrupt at once. Left
+        as it is off the main thread (no handler can be set there), under torchrun (the ranks
+        would stop at different steps) and where SIGINT is ignored (a `nohup` run)."""
+        self._stop_requested = False
+        previous = signal.getsignal(signal.SIGINT)
+        if (self.parallel.distributed or threading.current_thread() is not threading.main_thread()
+                or previous is signal.SIG_IGN):
+            yield
+            return
+
+        def request_stop(signum: int, frame: Any) -> None:
+            if self._stop_requested:
+                raise KeyboardInterrupt
+            self._stop_requested = True
+            try:  # os.write, not print: a handler that prints while the loop prints raises (reentrant call)
+                os.write(2, b"\nCtrl-C: finishing the current step, then saving a checkpoint (Ctrl-C again stops "
+                            b"at once)\n")
+            except OSError:
+                pass
+
+        signal.signal(signal.SIGINT, request_stop)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
 
     def _loop(self, end: int, on_step: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
         run = self.config.train
@@ -358,9 +444,12 @@ class Trainer:
                     self.plot()
             if timed_out:
                 stop_reason = "max_minutes"
+            saved = None
             if (self.step % run.checkpoint_every == 0 or self.step in (run.max_steps, end)
                     or stop_reason != "max_steps"):
-                self.save(metric)
+                saved = self.save(metric)
+            if self._stop_requested:  # Ctrl-C: the step is complete, checkpoint it and stop
+                raise TrainingInterrupted(self.out, self.step, saved or self.save(metric), saved=True)
             if stop_reason != "max_steps":
                 self.log(f"stopping at step {self.step}: {stop_reason}")
                 break

@@ -2,6 +2,12 @@
 
 import csv
 import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -89,3 +95,103 @@ def test_intermediate_task_transfer_from_a_finetuned_folder(setup, tmp_path):
     model = attnlab.load(tmp_path / "b" / "model")
     assert model.config.num_labels == 2
     assert json.loads((tmp_path / "b" / "model" / "labels.json").read_text(encoding="utf-8"))["labels"] == ["no", "yes"]
+
+
+# ---------------------------------------------------------------- the output folder's lifecycle
+
+def _sha(path):
+    from attnlab.io.cache import sha256_file
+
+    return sha256_file(path)
+
+
+def test_a_finished_jobs_folder_is_refused_unless_overwrite(setup, tmp_path, capsys):
+    root, _ = setup
+    out = tmp_path / "out"
+    shutil.copytree(root / "out", out)
+    before = _sha(out / "model" / "model.safetensors")
+    assert main(["finetune", str(root / "config.json"), "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a fine-tuned model" in err and "--overwrite" in err and "--resume" in err
+    assert _sha(out / "model" / "model.safetensors") == before
+    assert main(["finetune", str(root / "config.json"), "--out-dir", str(out), "--overwrite", "--resume"]) == 2
+    assert "pick one" in capsys.readouterr().err
+    assert main(["finetune", str(root / "config.json"), "--out-dir", str(out), "--overwrite", "--max-steps", "6"]) == 0
+    assert _sha(out / "model" / "model.safetensors") != before
+    assert json.loads((out / "summary.json").read_text(encoding="utf-8"))["config"]["recipe"]["max_steps"] == 6
+    steps = sorted(p.name for p in out.glob("runs/seed-*/checkpoints/step-*"))
+    assert steps and all(int(name.split("-")[1]) <= 6 for name in steps)  # the earlier job's step-40 is gone
+
+
+def test_finetune_into_a_folder_a_live_job_holds_is_refused(setup, tmp_path, capsys):
+    root, _ = setup
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "o").mkdir()
+        (tmp_path / "o" / ".attnlab.lock").write_text(json.dumps(
+            {"pid": holder.pid, "host": socket.gethostname(), "started": "now", "command": "attnlab finetune a.json"}))
+        assert main(["finetune", str(root / "config.json"), "--out-dir", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err
+        assert f"out_dir='{tmp_path / 'o'}' is in use by another run: PID {holder.pid}" in err
+        assert [p.name for p in (tmp_path / "o").iterdir()] == [".attnlab.lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(setup):
+    """The setup job in fp32 (the tests' precision, whatever the CPU), uninterrupted: the reference."""
+    root, config = setup
+    fp32 = dict(config, recipe=dict(config["recipe"], precision="fp32"), out_dir=str(root / "full"))
+    (root / "fp32.json").write_text(json.dumps(fp32), encoding="utf-8")
+    assert main(["finetune", str(root / "fp32.json")]) == 0
+    return root / "fp32.json", root / "full"
+
+
+# seed 1 inside its probe (5 steps); seed 0 on its probe's last step, a pause of the sweep: the
+# job must stop there, not go on to seed 1
+@pytest.mark.parametrize("seed,step", [("seed-1", 3), ("seed-0", 5)])
+def test_ctrl_c_exits_130_and_the_resumed_job_equals_the_uninterrupted_one(uninterrupted, tmp_path, capsys,
+                                                                          monkeypatch, seed, step):
+    from attnlab.training.trainer import Trainer
+
+    config, full = uninterrupted
+    plain_step = Trainer._train_step
+
+    def step_then_ctrl_c(self):
+        result = plain_step(self)
+        if self.step == step - 1 and self.out.parent.parent == tmp_path / "out" and self.out.name == seed:
+            os.kill(os.getpid(), signal.SIGINT)  # the real signal, during the step
+        return result
+
+    monkeypatch.setattr(Trainer, "_train_step", step_then_ctrl_c)
+    command = ["finetune", str(config), "--out-dir", str(tmp_path / "out")]
+    assert main(command) == 130
+    err = capsys.readouterr().err
+    assert f"interrupted after step {step}" in err and f"resume with: attnlab {' '.join(command)} --resume" in err
+    runs = tmp_path / "out" / "runs"
+    assert (runs / seed / "checkpoints" / f"step-{step:08d}").is_dir()
+    assert not (runs / seed / "checkpoints" / f"step-{step + 1:08d}").exists()
+    if seed == "seed-0":  # the sweep stopped with it
+        assert not any(runs.glob("seed-1/checkpoints/step-*"))
+    assert not (tmp_path / "out" / "model").exists() and not (tmp_path / "out" / ".attnlab.lock").exists()
+    assert main([*command, "--resume"]) == 0
+    b = tmp_path / "out"
+    assert _sha(full / "model" / "model.safetensors") == _sha(b / "model" / "model.safetensors")
+    assert (full / "metrics.jsonl").read_bytes() == (b / "metrics.jsonl").read_bytes()
+    summaries = [json.loads((x / "summary.json").read_text(encoding="utf-8")) for x in (full, b)]
+    for key in ("best_seed", "kept", "probe", "final", "valid", "test"):
+        assert summaries[0][key] == summaries[1][key], key
+
+
+def test_resume_without_checkpoints_warns_and_runs_the_job(setup, tmp_path, capsys):
+    root, config = setup
+    small = dict(config, seeds=[0], probe_steps=0, recipe=dict(config["recipe"], max_steps=2),
+                 out_dir=str(tmp_path / "o"))
+    (tmp_path / "small.json").write_text(json.dumps(small), encoding="utf-8")
+    assert main(["finetune", str(tmp_path / "small.json"), "--resume"]) == 0
+    assert "warning: resume:" in capsys.readouterr().err and (tmp_path / "o" / "model").is_dir()
+    shutil.rmtree(tmp_path / "o" / "runs")  # a model and nothing to resume: --resume is a fresh job, refused here
+    assert main(["finetune", str(tmp_path / "small.json"), "--resume"]) == 2
+    assert "already holds a fine-tuned model" in capsys.readouterr().err

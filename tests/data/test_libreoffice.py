@@ -38,11 +38,13 @@ def test_clean_ui_string_drops_mnemonics_and_joins_lines():
 def test_libreoffice_corpus_is_built_from_the_catalogues_and_verified(tmp_path, monkeypatch):
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
     deb = _fake_deb(tmp_path)
-    monkeypatch.setattr(corpora, "_download", lambda corpus, into: shutil.copy(deb, into / deb.name) and into / deb.name)
-    with pytest.raises(ValueError, match="does not match the recorded"):  # the real package's hash is recorded
+    monkeypatch.setattr(corpora, "_download",
+                        lambda corpus, spec, into: shutil.copy(deb, into / deb.name) and into / deb.name)
+    with pytest.raises(corpora.CorpusVerificationError, match="not in the known list"):  # the real package's hashes
         corpora.fetch("libreoffice-de")
     assert not corpora.corpus_path("libreoffice-de").exists()
-    folder = corpora.fetch("libreoffice-de", verify=False)
+    with pytest.warns(UserWarning, match="unverified"):
+        folder = corpora.fetch("libreoffice-de", verify=False)
     rows = [line.split("\t") for split in ("train", "valid")
             for line in (folder / f"{split}.tsv").read_text(encoding="utf-8").splitlines()]
     pairs = {en: tr for en, tr in rows}

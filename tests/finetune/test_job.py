@@ -46,7 +46,7 @@ def test_sigkill_then_resume_ends_bitwise_equal_to_an_uninterrupted_job(tmp_path
         config = {"model": str(tmp_path / "base"), "pooling": "mean", "dropout": 0.1,  # dropout: the RNG matters
                   "data": {"train": str(tmp_path / "train.csv"), "valid": str(tmp_path / "valid.csv")},
                   "recipe": {"lr": 3e-3, "max_steps": 14, "batch_size": 6, "grad_accum": 2, "warmup_ratio": 0.2,
-                             "checkpoint_every": 1},
+                             "checkpoint_every": 1, "precision": "fp32"},  # the killed job runs in a subprocess
                   "seeds": [0, 1], "probe_steps": 4, "keep": 1, "threads": 1, "out_dir": str(tmp_path / name)}
         configs[name] = tmp_path / f"{name}.json"
         configs[name].write_text(json.dumps(config), encoding="utf-8")
@@ -104,7 +104,7 @@ def _config(**changes):
      "data.label_column: expected a string or null, got 3"),
     ({"data": {"train": "t.csv", "valid": "v.csv", "labels": ["a", "a"]}}, "data.labels: expected distinct labels"),
     ({"seedz": [1]}, "seedz: unknown FinetuneJobConfig field; allowed: "),
-    ({"recipe": {"precision": "fp16"}}, "recipe.precision: 'fp16' is not one of fp32, bf16"),
+    ({"recipe": {"precision": "fp16"}}, "recipe.precision: 'fp16' is not one of auto, fp32, bf16"),
     ({"head": "mlm"}, "head: 'mlm' is not one of classification, regression, token_classification"),
     ({"seeds": [0, 0]}, "seeds: expected a non-empty list of distinct integers"),
     ({"seeds": [0, 1], "keep": 3}, "keep: expected an integer in [1, 2]"),

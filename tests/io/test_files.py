@@ -7,8 +7,8 @@ import os
 import pytest
 
 from attnlab.io import files
-from attnlab.io.files import (atomic_file, atomic_folder, atomic_write_bytes, atomic_write_json, atomic_write_text,
-                              read_json)
+from attnlab.io.files import (FileFormatError, atomic_file, atomic_folder, atomic_write_bytes, atomic_write_json,
+                              atomic_write_text, read_json, read_text)
 
 
 def test_text_bytes_and_json_are_written(tmp_path):
@@ -100,8 +100,45 @@ def test_read_json_names_the_file(tmp_path):
     with pytest.raises(FileNotFoundError):
         read_json(tmp_path / "missing.json")
     (tmp_path / "bad.json").write_text("{nope")
-    with pytest.raises(ValueError, match="bad.json is not valid JSON"):
+    with pytest.raises(FileFormatError, match=r"bad.json: expected a JSON object \(is not valid JSON"):
         read_json(tmp_path / "bad.json")
     (tmp_path / "list.json").write_text("[1]")
     with pytest.raises(ValueError, match="JSON object"):
         read_json(tmp_path / "list.json")
+    (tmp_path / "latin1.json").write_bytes('{"k": "é"}'.encode("latin-1"))
+    with pytest.raises(FileFormatError, match=r"latin1.json: expected a JSON object \(byte 0xe9 at offset 7"):
+        read_json(tmp_path / "latin1.json")
+    with pytest.raises(IsADirectoryError) as info:
+        read_json(tmp_path)
+    assert info.value.filename == str(tmp_path)
+
+
+def test_read_text_names_the_file_and_what_it_should_hold(tmp_path):
+    (tmp_path / "a.txt").write_bytes("héllo\r\nworld".encode("utf-8"))
+    assert read_text(tmp_path / "a.txt") == "héllo\nworld"
+    (tmp_path / "b.txt").write_bytes(b"ok\n\xff\xfe")
+    expected = r"b.txt: expected a corpus \(byte 0xff at offset 3 is not UTF-8\)"
+    with pytest.raises(FileFormatError, match=expected) as info:
+        read_text(tmp_path / "b.txt", expected="a corpus")
+    assert info.value.path == tmp_path / "b.txt" and info.value.expected == "a corpus"
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077, 0o002])
+def test_written_files_and_folders_follow_the_umask(tmp_path, mask):
+    old = os.umask(mask)
+    try:
+        assert files.umask() == mask
+        atomic_write_text(tmp_path / "f.txt", "x")
+        with atomic_file(tmp_path / "g.bin") as tmp:
+            tmp.write_bytes(b"y")
+        with atomic_folder(tmp_path / "d") as tmp:
+            (tmp / "inner.txt").write_text("z")
+        open(tmp_path / "plain.txt", "w").close()  # the reference: what open() and mkdir give
+        (tmp_path / "plain").mkdir()
+    finally:
+        os.umask(old)
+    mode = lambda p: p.stat().st_mode & 0o777
+    assert mode(tmp_path / "f.txt") == mode(tmp_path / "g.bin") == mode(tmp_path / "plain.txt") == 0o666 & ~mask
+    assert mode(tmp_path / "d") == mode(tmp_path / "plain") == 0o777 & ~mask
+    assert mode(tmp_path / "d" / "inner.txt") == 0o666 & ~mask

@@ -61,7 +61,7 @@ def _run(tmp_path, model, data, **train):
     cfg = {"model": model, "data": {"seq_len": 16, "batch_size": 4, **data},
            "optim": {"lr": 1e-3}, "schedule": {"name": "constant", "warmup_steps": 0},
            "train": {"out_dir": str(tmp_path / "run"), "max_steps": 1, "eval_every": 1, "eval_batches": 1,
-                     "log_every": 1, "seed": 0, "threads": 1, "bleu_samples": 0, **train}}
+                     "log_every": 1, "seed": 0, "threads": 1, "bleu_samples": 0, "precision": "fp32", **train}}
     trainer = Trainer(TrainConfig.from_dict(cfg), show_progress=False, log=lambda _: None)
     first = trainer.task.train_batch(torch.Generator().manual_seed(0 + 1))  # the trainer's first batch
     losses = []
