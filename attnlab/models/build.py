@@ -22,7 +22,7 @@ from attnlab.nn.positions import POSITION_SCHEMES, Sizes
 from attnlab.nn.scores import build_score
 
 
-def _positions(cfg: ModelConfig, where: str, causal: bool = False) -> nn.Module | None:
+def position_module(cfg: ModelConfig, where: str, causal: bool = False) -> nn.Module | None:
     """The position module the scheme places at `where` (`embeddings`, `bias`, `rotary`,
     `relative`), or None when it acts elsewhere."""
     scheme = POSITION_SCHEMES[cfg.position.scheme]
@@ -49,7 +49,7 @@ def _attention(cfg: ModelConfig, *, self_attention: bool, causal: bool = False, 
     positions = {}
     if self_attention:
         for where in ("rotary", "relative"):
-            module = _positions(cfg, where, causal)
+            module = position_module(cfg, where, causal)
             if module is not None:
                 positions[where] = module
     score = build_score(att.score, cfg.num_heads, head_dim, cosine_temperature=att.cosine_temperature,
@@ -59,7 +59,7 @@ def _attention(cfg: ModelConfig, *, self_attention: bool, causal: bool = False, 
                               cross_attention=not self_attention, **positions)
 
 
-def _layers(cfg: ModelConfig, n: int, *, cross: bool, causal: bool = False,
+def transformer_layers(cfg: ModelConfig, n: int, *, cross: bool, causal: bool = False,
             token_ids: TokenIds | None = None) -> list[TransformerLayer]:
     norm = partial(make_norm, cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
     return [
@@ -86,12 +86,12 @@ def _feed_forward(cfg: ModelConfig, layer: int) -> nn.Module:
 
 def _embeddings(cfg: ModelConfig, token: nn.Embedding) -> Embeddings:
     norm = make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias) if cfg.embedding_norm else None
-    return Embeddings(token, positions=_positions(cfg, "embeddings"), scale=cfg.embedding_scale,
+    return Embeddings(token, positions=position_module(cfg, "embeddings"), scale=cfg.embedding_scale,
                       type_vocab_size=cfg.type_vocab_size, norm=norm, dropout=cfg.dropout,
                       concat_dim=cfg.position_dim if cfg.position.combine == "concat" else 0)
 
 
-def _final_norm(cfg: ModelConfig) -> nn.Module | None:
+def final_norm_of(cfg: ModelConfig) -> nn.Module | None:
     return make_norm(cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias) if cfg.final_norm else None
 
 
@@ -163,24 +163,28 @@ def build_model(config: ModelConfig) -> nn.Module:
     token = nn.Embedding(cfg.vocab_size, cfg.token_dim)
     if cfg.arch == "decoder":
         ids = _token_ids(cfg)
-        model = Decoder(_embeddings(cfg, token), _layers(cfg, cfg.num_layers, cross=False, causal=True, token_ids=ids),
-                        final_norm=_final_norm(cfg), position_bias=_positions(cfg, "bias", causal=True),
+        embed = _embeddings(cfg, token)  # built first: the order parameters draw their initial values in
+        model = Decoder(embed, transformer_layers(cfg, cfg.num_layers, cross=False, causal=True, token_ids=ids),
+                        final_norm=final_norm_of(cfg), position_bias=position_module(cfg, "bias", causal=True),
                         head=_head(cfg, token), classifier_pooling=cfg.classifier_pooling)
     elif cfg.arch == "encoder":
         ids = _token_ids(cfg)
-        model = Encoder(_embeddings(cfg, token), _layers(cfg, cfg.num_layers, cross=False, token_ids=ids),
-                        final_norm=_final_norm(cfg), position_bias=_positions(cfg, "bias"),
+        embed = _embeddings(cfg, token)
+        model = Encoder(embed, transformer_layers(cfg, cfg.num_layers, cross=False, token_ids=ids),
+                        final_norm=final_norm_of(cfg), position_bias=position_module(cfg, "bias"),
                         head=_head(cfg, token), classifier_pooling=cfg.classifier_pooling,
                         pooler=Pooler(cfg.d_model) if cfg.pooler else None,
                         nsp_head=NSPHead(cfg.d_model) if cfg.nsp_head else None)
     else:
         src_token = token if cfg.share_embeddings else nn.Embedding(cfg.resolved_src_vocab_size, cfg.token_dim)
         ids, dec_ids = _token_ids(cfg), _token_ids(cfg)
-        encoder = Encoder(_embeddings(cfg, src_token), _layers(cfg, cfg.num_layers, cross=False, token_ids=ids),
-                          final_norm=_final_norm(cfg), position_bias=_positions(cfg, "bias"))
-        decoder = Decoder(_embeddings(cfg, token), _layers(cfg, cfg.resolved_decoder_layers, cross=True, causal=True,
-                                                           token_ids=dec_ids),
-                          final_norm=_final_norm(cfg), position_bias=_positions(cfg, "bias", causal=True),
+        embed = _embeddings(cfg, src_token)
+        encoder = Encoder(embed, transformer_layers(cfg, cfg.num_layers, cross=False, token_ids=ids),
+                          final_norm=final_norm_of(cfg), position_bias=position_module(cfg, "bias"))
+        embed = _embeddings(cfg, token)
+        layers = transformer_layers(cfg, cfg.resolved_decoder_layers, cross=True, causal=True, token_ids=dec_ids)
+        decoder = Decoder(embed, layers,
+                          final_norm=final_norm_of(cfg), position_bias=position_module(cfg, "bias", causal=True),
                           head=_head(cfg, token))
         model = EncoderDecoder(encoder, decoder)
     stacks = [(model.encoder, ids), (model.decoder, dec_ids)] if cfg.arch == "encoder_decoder" else [(model, ids)]

@@ -109,10 +109,13 @@ def eval_sums(model: nn.Module, batch: dict[str, Tensor]) -> dict[str, float]:
 
 
 def count_tokens(batch: dict[str, Tensor]) -> int:
-    """Input tokens a batch feeds the model (both sides for an encoder-decoder), for tokens/s."""
+    """Input tokens a batch feeds the model (both sides for an encoder-decoder), for tokens/s; a
+    batch without token ids (images) counts its examples."""
     if "src_ids" in batch:
         return int(batch["src_ids"].numel() + batch["tgt_ids"].numel())
-    return int(batch["input_ids"].numel())
+    if "input_ids" in batch:
+        return int(batch["input_ids"].numel())
+    return int(batch["labels"].shape[0]) if "labels" in batch else 0
 
 
 def to_device(batch: dict[str, Tensor], device: torch.device) -> dict[str, Tensor]:
