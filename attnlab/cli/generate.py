@@ -204,13 +204,68 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--add-special-tokens", action="store_true",
                         help="wrap the prompt with the tokenizer's template")
     parser.add_argument("--no-stream", action="store_true", help="print the result at the end only")
+    shots = parser.add_argument_group("few-shot prompting (each --prompt becomes the query after k solved examples)")
+    shots.add_argument("--few-shot", metavar="FILE.jsonl",
+                       help="solved examples, one JSON object per line with the template's fields "
+                            '(default template: {"input": ..., "output": ...})')
+    shots.add_argument("--template", default=None,
+                       help="how an example reads, {output} last (default: 'Input: {input}\nOutput: {output}'; "
+                            "write \n for a line break)")
+    shots.add_argument("--shots", type=int, default=None, help="examples to use (default: all)")
+    shots.add_argument("--shot-seed", type=int, default=None,
+                       help="draw the --shots examples at random with this seed (default: the first ones)")
+    shots.add_argument("--instruction", default="", help="text before the examples")
     add_decoding_flags(parser, max_new=50, beams=1)
     parser.set_defaults(func=run)
+
+
+def few_shot_prompts(args: argparse.Namespace) -> list[str]:
+    """Each --prompt as the query of a few-shot prompt built from --few-shot's examples (the
+    prompts themselves without --few-shot); generation then stops at the example separator
+    unless --stop says otherwise.
+
+    Raises:
+        ValueError: a few-shot flag without --few-shot, a line that is not a JSON object, no
+            examples, or a template/shots the examples cannot fill (naming the file and line).
+    """
+    if args.few_shot is None:
+        if args.template is not None or args.shots is not None or args.shot_seed is not None or args.instruction:
+            raise ValueError("--template, --shots, --shot-seed and --instruction shape a few-shot prompt: "
+                             "give the examples with --few-shot FILE.jsonl")
+        return list(args.prompt)
+    import json
+
+    from attnlab.decoding.prompts import FewShotPrompt
+    from attnlab.io.files import read_text
+
+    examples = []
+    for n, line in enumerate(read_text(args.few_shot).splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            example = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{args.few_shot}: line {n} is not JSON ({err.msg})") from None
+        if not isinstance(example, dict):
+            raise ValueError(f"{args.few_shot}: line {n} is a {type(example).__name__}; expected a JSON object "
+                             'such as {"input": "...", "output": "..."}')
+        examples.append(example)
+    if not examples:
+        raise ValueError(f"{args.few_shot}: no examples (one JSON object per line)")
+    template = (args.template or FewShotPrompt.template).replace("\\n", "\n")
+    prompt = FewShotPrompt(template, instruction=args.instruction)
+    if args.stop is None:
+        args.stop = [prompt.example_separator]
+    try:
+        return [prompt.build(examples, query, k=args.shots, seed=args.shot_seed) for query in args.prompt]
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{args.few_shot}: {err}") from None
 
 
 def run(args: argparse.Namespace) -> int:
     from attnlab.decoding import generate
 
+    args.prompt = few_shot_prompts(args)
     model, tokenizer = load_checkpoint(args.checkpoint)
     rows = [tokenizer.encode(p, add_special_tokens=args.add_special_tokens) for p in args.prompt]
     pad = role_id(tokenizer, "pad")

@@ -459,6 +459,7 @@ def test_generate(world):
     @fuzz("generate")
     @given(argv(["generate"], one(world.folders("lm", "lm_learned", "mt", "rnn", "enc", "run", "checkpoint")),
                 prompts, *decoding_flags(), opt("--stop", TEXT),
+                opt("--few-shot", st.sampled_from(world.any_files("text"))), opt("--shots", COUNT),
                 switch("--add-special-tokens"),
                 switch("--no-stream"), JUNK))
     def case(args):

@@ -205,3 +205,39 @@ def test_translate_names_an_input_that_is_not_utf8(tmp_path, tok, capsys, monkey
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"\xff\xfe"), encoding="utf-8"))
     assert main(["translate", str(tmp_path / "mt")]) == 2
     assert capsys.readouterr().err.startswith("attnlab translate: error: standard input: expected UTF-8 text")
+
+
+def test_few_shot_prompts_are_built_from_a_jsonl_file(tmp_path, tok, capsys):
+    from attnlab.decoding.prompts import FewShotPrompt
+
+    model = _model("decoder", tok.vocab_size)
+    save(model, tmp_path / "lm", tokenizer=tok)
+    shots = tmp_path / "shots.jsonl"
+    shots.write_text('{"input": "the cat", "output": "sat"}\n\n{"input": "a dog", "output": "ran"}\n')
+    argv = ["generate", str(tmp_path / "lm"), "--prompt", "the mat", "--few-shot", str(shots),
+            "--template", "Q: {input}\\nA: {output}", "--shots", "1", "--max-new-tokens", "5", "--no-stream"]
+    assert main(argv) == 0
+    expected = FewShotPrompt("Q: {input}\nA: {output}").build([{"input": "the cat", "output": "sat"}], "the mat", k=1)
+    assert expected.endswith("Q: the mat\nA:") and "a dog" not in expected
+    assert capsys.readouterr().out.startswith(expected)
+
+
+@pytest.mark.parametrize("content, extra, message", [
+    ('{"input": "a"}\n[1, 2]\n', [], "line 2 is a list"),
+    ("not json\n", [], "line 1 is not JSON"),
+    ("\n", [], "no examples"),
+    ('{"input": "a", "output": "b"}\n', ["--shots", "3"], "k must be an integer"),
+])
+def test_bad_few_shot_files_name_the_file(tmp_path, tok, capsys, content, extra, message):
+    save(_model("decoder", tok.vocab_size), tmp_path / "lm", tokenizer=tok)
+    shots = tmp_path / "shots.jsonl"
+    shots.write_text(content)
+    assert main(["generate", str(tmp_path / "lm"), "--prompt", "x", "--few-shot", str(shots), *extra]) == 2
+    err = capsys.readouterr().err
+    assert str(shots) in err and message in err
+
+
+def test_few_shot_flags_need_the_examples(tmp_path, tok, capsys):
+    save(_model("decoder", tok.vocab_size), tmp_path / "lm", tokenizer=tok)
+    assert main(["generate", str(tmp_path / "lm"), "--prompt", "x", "--shots", "2"]) == 2
+    assert "--few-shot" in capsys.readouterr().err
