@@ -181,7 +181,8 @@ class PositionConfig:
         when relative_values), `rotary` (Su et al. 2021), `alibi` (Press et al. 2022),
         `t5_bias` (Raffel et al. 2020: learned per-head bias of the bucketed distance,
         one table shared by all layers of a stack).
-    max_len: positions available to `learned` (and the table size of the fixed schemes).
+    max_len: positions available to `learned` and `binary` (their tables; past them the model
+        raises); sinusoidal, rotary, alibi, t5_bias and none compute any position and ignore it.
     sinusoidal_layout: `interleaved` (sin, cos, sin, cos, ... per frequency, the paper's
         PE(t, 2i), PE(t, 2i+1)) or `halves` ([sin of every frequency | cos of every frequency],
         the layout of Marian / fairseq checkpoints); the same features, permuted.
