@@ -419,6 +419,8 @@ class Trainer:
                 tps = window_tokens / max(elapsed, 1e-9)
                 done = time.perf_counter() - start
                 eta = done / max(self.step - first_step, 1) * (run.max_steps - self.step)
+                if run.max_minutes is not None:  # the time limit may come first
+                    eta = min(eta, max(0.0, 60 * run.max_minutes - done))
                 self._metrics({"step": self.step, "train_loss": mean, **means, "lr": lr, "tokens_per_s": tps,
                                "elapsed_s": done, "skipped": skipped})
                 self.history["train"].append((self.step, mean))

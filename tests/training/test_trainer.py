@@ -206,3 +206,13 @@ def test_accumulation_weighs_every_token_equally_however_micro_batches_are_maske
     for b in batches:
         (batch_loss(model, b) / 2).backward()
     assert not all(torch.allclose(a, p.grad, rtol=1e-3, atol=1e-6) for a, p in zip(accumulated, model.parameters()))
+
+
+def test_a_time_limited_run_estimates_its_end_from_the_limit(tmp_path):
+    lines = []
+    cfg = tiny_config(tmp_path, max_steps=10**7, max_minutes=0.03, log_every=1, eval_every=10**7,
+                      checkpoint_every=10**7)
+    Trainer(TrainConfig.from_dict(cfg), show_progress=False, log=lines.append).fit()
+    etas = [line.rsplit("ETA ", 1)[1] for line in lines if "ETA " in line]
+    assert etas and all(eta.endswith("s") and "h" not in eta for eta in etas), etas  # not 10**7 steps away
+    assert all(int(eta.rstrip("s")) <= 2 for eta in etas if "m" not in eta), etas
