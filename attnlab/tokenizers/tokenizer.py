@@ -26,7 +26,7 @@ from attnlab.tokenizers.hf_json import from_hf, to_hf
 from attnlab.tokenizers.loading import load_parts
 from attnlab.tokenizers.special import AddedToken, SpecialSplitter, check_roles, infer_roles, sentinel_index
 from attnlab.tokenizers.template import Template
-from attnlab.tokenizers.training import train_tokenizer, warn_if_short
+from attnlab.tokenizers.training import DEFAULT_SPECIAL_TOKENS, train_tokenizer, warn_if_short
 
 
 class Tokenizer:
@@ -133,6 +133,9 @@ class Tokenizer:
             >>> tok.decode(tok.encode("lowest low"))
             'lowest low'
         """
+        if isinstance(template, str) and kind in DEFAULT_SPECIAL_TOKENS:  # a template that cannot be built fails now,
+            specials = DEFAULT_SPECIAL_TOKENS[kind] if special_tokens is None else special_tokens  # not after training
+            Template.preset(template, dict(specials) if isinstance(specials, Mapping) else infer_roles(specials))
         parts = train_tokenizer(texts_or_files, kind, vocab_size, special_tokens, min_frequency, show_progress,
                                 lowercase=lowercase, pattern=pattern, add_prefix_space=add_prefix_space,
                                 criterion=criterion)

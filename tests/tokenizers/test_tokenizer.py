@@ -112,3 +112,16 @@ def test_constructor_checks_ids(gpt2_shared):
 
 def test_repr_names_kind_and_roles(bert_shared):
     assert repr(bert_shared).startswith("Tokenizer(kind='wordpiece', vocab_size=30522, template='bert'")
+
+
+def test_a_template_the_special_tokens_cannot_fill_fails_before_training(monkeypatch):
+    import attnlab.tokenizers.tokenizer as module
+
+    def never(*args, **kwargs):
+        raise AssertionError("trained before checking the template")
+
+    monkeypatch.setattr(module, "train_tokenizer", never)
+    with pytest.raises(ValueError, match="'bert' needs special tokens for the roles cls, sep"):
+        Tokenizer.train(["some text"], kind="char", template="bert")
+    with pytest.raises(ValueError, match="'bert' needs"):
+        Tokenizer.train(["some text"], kind="bpe", special_tokens={"eos": "</s>"}, template="bert")
