@@ -35,6 +35,23 @@ def _check_ids(name: str, ids: Tensor, min_len: int = 1) -> None:
         raise ValueError(f"{name} needs at least {min_len} tokens per row, got {ids.shape[1]}")
 
 
+def _check_masking(ids: Tensor, mask_prob: float, replace_probs: tuple[float, float]) -> None:
+    """The arguments every masking objective shares: ids, the masked share, the 80/10/10 split."""
+    _check_ids("ids", ids)
+    if not 0.0 < mask_prob < 1.0:
+        raise ValueError(f"mask_prob must be in (0, 1), got {mask_prob}")
+    p_mask, p_random = replace_probs
+    if p_mask < 0 or p_random < 0 or p_mask + p_random > 1:
+        raise ValueError(f"replace_probs must be two non-negative numbers summing to <= 1, got {replace_probs}")
+
+
+def _special_table(ids: Tensor, vocab_size: int, special_ids: Sequence[int]) -> Tensor:
+    """Bool per id (at least vocab_size, and every id in `ids`): True for the special ids."""
+    special = torch.zeros(max(vocab_size, int(ids.max()) + 1), dtype=torch.bool)
+    special[list(special_ids)] = True
+    return special
+
+
 def causal_lm(windows: Tensor, generator: torch.Generator | None = None) -> dict[str, Tensor]:
     """Next-token prediction on packed windows (documents joined with EOS in the stream).
 
@@ -96,14 +113,9 @@ def masked_lm(ids: Tensor, generator: torch.Generator, *, vocab_size: int, mask_
     Returns:
         `input_ids` (B, T) corrupted, `labels` (B, T) original ids where picked, else IGNORE.
     """
-    _check_ids("ids", ids)
-    if not 0.0 < mask_prob < 1.0:
-        raise ValueError(f"mask_prob must be in (0, 1), got {mask_prob}")
+    _check_masking(ids, mask_prob, replace_probs)
     p_mask, p_random = replace_probs
-    if p_mask < 0 or p_random < 0 or p_mask + p_random > 1:
-        raise ValueError(f"replace_probs must be two non-negative numbers summing to <= 1, got {replace_probs}")
-    special = torch.zeros(max(vocab_size, int(ids.max()) + 1), dtype=torch.bool)
-    special[list(special_ids)] = True
+    special = _special_table(ids, vocab_size, special_ids)
     eligible = ~special[ids]
     if attention_mask is not None:
         eligible &= attention_mask.bool()
@@ -216,15 +228,10 @@ def span_masked_lm(ids: Tensor, generator: torch.Generator, *, vocab_size: int, 
     Returns:
         `input_ids` (B, T) corrupted, `labels` (B, T) original ids where masked, else IGNORE.
     """
-    _check_ids("ids", ids)
-    if not 0.0 < mask_prob < 1.0:
-        raise ValueError(f"mask_prob must be in (0, 1), got {mask_prob}")
+    _check_masking(ids, mask_prob, replace_probs)
     p_mask, p_random = replace_probs
-    if p_mask < 0 or p_random < 0 or p_mask + p_random > 1:
-        raise ValueError(f"replace_probs must be two non-negative numbers summing to <= 1, got {replace_probs}")
     cdf = span_length_probs(geometric_p, max_span_words).cumsum(0).numpy()
-    special = torch.zeros(max(vocab_size, int(ids.max()) + 1), dtype=torch.bool)
-    special[list(special_ids)] = True
+    special = _special_table(ids, vocab_size, special_ids)
     blocked = special[ids]  # (B, T) never masked; words of their own
     if attention_mask is not None:
         blocked |= ~attention_mask.bool()

@@ -35,3 +35,14 @@ def assert_cached_steps_equal_full(model, x, mask, steps: int = 6, rtol: float =
             step = model(nxt, mask, cache=cache)
             torch.testing.assert_close(step[:, -1], model(x, mask)[:, -1], atol=1e-5, rtol=rtol)
     return cache, x
+
+
+def assert_causal_and_cached(model, vocab: int, T: int = 8, keep: int = 5) -> None:
+    """A decoder's logits at positions < keep do not change when later tokens do, and greedy
+    cached decoding equals the full forward (`assert_cached_steps_equal_full`)."""
+    ids = torch.randint(0, vocab, (2, T))
+    changed = ids.clone()
+    changed[:, keep:] = (changed[:, keep:] + 1) % vocab
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids)[:, :keep], model(changed)[:, :keep])
+    assert_cached_steps_equal_full(model, ids, torch.ones_like(ids, dtype=torch.bool))

@@ -5,7 +5,7 @@ import torch
 
 from attnlab import ModelConfig, build_model
 from attnlab.config import ConfigError
-from tests.models.helpers import assert_cached_steps_equal_full
+from tests.models.helpers import assert_causal_and_cached
 
 
 def _cfg(**kw):
@@ -29,12 +29,7 @@ def test_the_first_layer_input_is_token_then_position_features():
 @pytest.mark.parametrize("scheme", ["learned", "sinusoidal", "binary"])
 def test_decoders_stay_causal_and_decode_like_their_forward(scheme):
     model = build_model(_cfg(position={"scheme": scheme})).eval()
-    ids = torch.randint(0, 40, (2, 8))
-    changed = ids.clone()
-    changed[:, 5:] = (changed[:, 5:] + 1) % 40
-    with torch.no_grad():
-        torch.testing.assert_close(model(ids)[:, :5], model(changed)[:, :5])
-    assert_cached_steps_equal_full(model, ids, torch.ones_like(ids, dtype=torch.bool))
+    assert_causal_and_cached(model, 40)
 
 
 def test_encoder_decoder_with_segments_builds_and_runs():
