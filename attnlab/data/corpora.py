@@ -7,6 +7,7 @@
 | `de-en-lexicon` | the same package                | English->German words and phrases (first translation), 1 in 20 valid |
 | `python-docs` | Debian `python3.11-doc` 3.11.2-6+deb12u8 | `_sources/**.rst.txt`; `howto/` valid   |
 | `libreoffice-de` (`-es -fr -it -nl -pt`) | Debian `libreoffice-l10n-de` 4:7.4.7-1+deb12u14 | UI strings English->de from the `.mo` catalogues; 1 in 20 English strings valid |
+| `debian-descriptions-de` | the Debian archive's `bookworm/main` `Translation-en` + `Translation-de` (fetched by apt) | English->German package descriptions paired by md5: synopses, and paragraphs where the counts agree; 1 in 20 descriptions valid |
 | `bible-en-es` | Debian `sword-text-web` 426.0-1 + `sword-text-sparv` 2.60-1 | English->Spanish verses (WEB -> Reina-Valera 1909); 1 in 30 verses valid |
 | `bible-en-es-books` | the same two packages | the same pairs; Ruth, Jonah, Philippians and James valid |
 
@@ -325,6 +326,27 @@ def _bible_builder(by: str) -> Callable[[list[Path], Path], dict]:
     return build
 
 
+# ---------------------------------------------------------------- debian-descriptions-<lang> (Debian archive: Translation-en, -<lang>)
+def _descriptions_builder(lang: str) -> Callable[[list[Path], Path], dict]:
+    """English-><lang> pairs from Debian's package descriptions (synopses, and paragraphs where
+    both sides have as many); valid: the pairs of 1 in 20 descriptions (by a hash of their md5),
+    so no description is split across train and valid."""
+
+    def build(files: list[Path], out: Path) -> dict:
+        from attnlab.data.debian import description_pairs, read_descriptions
+
+        english, other = read_descriptions(files[0]), read_descriptions(files[1])
+        pairs = description_pairs(english, other)
+        held = lambda md5: zlib.crc32(md5.encode("ascii")) % 20 == 0
+        valid = [(s, t) for md5, s, t in pairs if held(md5)]
+        train = _write_pairs(out, [(s, t) for md5, s, t in pairs if not held(md5)], valid)
+        return {"train_pairs": len(train), "valid_pairs": len(valid), "english_descriptions": len(english),
+                f"{lang}_descriptions": len(other), "paired_descriptions": len(english.keys() & other.keys()),
+                "source_language": "en", "target_language": lang}
+
+    return build
+
+
 # Known-good sha256 of the package files, recorded version first. A hash is added only after the
 # corpus built from that file was compared with the recorded one (the test of sameness is noted).
 LIBREOFFICE_VERSION = "4:7.4.7-1+deb12u14"
@@ -349,6 +371,11 @@ PYTHON_DOC = Package("apt:python3.11-doc", "3.11.2-6+deb12u8", (
     # documents (ssl, asyncio-eventloop, asyncio-stream, urllib.request) gain the security fixes' notes
     "5b3594189d6ef9a6963ce0347fd307a1cc67620ad697e144db366070e2e146be",
 ))
+DEBIAN_RELEASE = "12.15"  # bookworm's point release whose Translation files were recorded
+DEBIAN_TRANSLATIONS = {  # lang -> sha256 of bookworm/main's Translation-<lang> at DEBIAN_RELEASE
+    "en": ("62f59c3cdca9786e4f7adf9002f9f5729a684adcb4667e58e448dec9b5a46c7f",),
+    "de": ("adac331fc51f9a00c1b4120b4ac87423be2b1f1615d4f288c7cbc2d5258c0650",),
+}
 SWORD_BIBLES = (
     Package("apt:sword-text-web", "426.0-1", ("930b23670b352f0829a306501de4bebb5e654a2df02cde2cbe86b802177868e1",)),
     Package("apt:sword-text-sparv", "2.60-1", ("5c87f9b2bc97457e8a872f5bae7ea7ce59cb3de1dcee73e4d4740451863694cf",)),
@@ -365,6 +392,10 @@ CORPORA: dict[str, Corpus] = {
                             "pairs", (DICT_DE_EN,), "GPL-2+", _dictd_builder(dictd_lexicon_pairs)),
     "python-docs": Corpus("python-docs", "Python 3.11 documentation sources (~11 MB English technical prose)",
                           "text", (PYTHON_DOC,), "PSF", _build_python_docs),
+    "debian-descriptions-de": Corpus(
+        "debian-descriptions-de", "English->German Debian package descriptions (synopses and paragraphs, DDTP)",
+        "pairs", tuple(Package(f"apt-index:bookworm/main/Translation-{lang}", DEBIAN_RELEASE, DEBIAN_TRANSLATIONS[lang])
+                       for lang in ("en", "de")), "DFSG-free (the packages' own licences)", _descriptions_builder("de")),
     "bible-en-es": Corpus("bible-en-es", "English->Spanish Bible verses (WEB -> Reina-Valera 1909, ~31k), "
                           "1 in 30 verses held out", "pairs", SWORD_BIBLES, "public domain", _bible_builder("verse")),
     "bible-en-es-books": Corpus("bible-en-es-books", "the same verse pairs, four books held out (Ruth, Jonah, "
@@ -402,7 +433,7 @@ def _download(package: Package, spec: str, into: Path) -> Path:
         FileNotFoundError: a Debian package off Debian/Ubuntu.
     """
     tool, _, name = package.name.partition(":")
-    if tool == "apt" and (shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None):
+    if tool in ("apt", "apt-index") and (shutil.which("apt-get") is None or shutil.which("dpkg-deb") is None):
         raise FileNotFoundError(
             f"the Debian package {name!r} (apt-get download + dpkg-deb) needs a Debian or Ubuntu system; on other "
             "systems point training at your own files (data.source=PATH, TSV/CSV/JSONL for pairs, text files or "

