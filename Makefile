@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-all clean
+.PHONY: demo test test-slow test-all browser clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -17,13 +17,17 @@ $(STAMP): pyproject.toml constraints.txt
 
 # the quick suite (long runs are marked slow, see pyproject.toml); the slowest ten are listed so
 # that growth shows
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PY) -m pytest --durations=10
+
+# headless Chromium + chromedriver for the attention viewer's browser test (apt-get, when missing)
+browser:
+	./.ci/install-browser
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow
 
-test-all: $(STAMP)
+test-all: $(STAMP) browser
 	$(PY) -m pytest -m ''
 
 demo: $(STAMP)

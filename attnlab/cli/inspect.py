@@ -12,14 +12,6 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
-def _tokens(tok, ids: list[int]) -> list[str]:
-    out = []
-    for i in ids:
-        t = tok.id_to_token(i) if hasattr(tok, "id_to_token") else None
-        out.append(str(i) if t is None else t)
-    return out
-
-
 def _heads(text: str | None) -> list[int] | None:
     """`--heads 0,2` -> [0, 2]."""
     if text is None:
@@ -35,6 +27,7 @@ def _attention(args: argparse.Namespace) -> int:
 
     from attnlab.inspect.attention_maps import attention_maps
     from attnlab.inspect.plots import plot_alignment, plot_head_grid
+    from attnlab.inspect.viewer import token_labels
     from attnlab.io.weights import write_safetensors
     from attnlab.io.serialization import load
 
@@ -59,22 +52,48 @@ def _attention(args: argparse.Namespace) -> int:
     else:
         tgt = src
         inputs = (torch.tensor([src]),)
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise ValueError(f"--out {args.out} is a file; give a folder for the maps")
+    if args.max_tokens is not None and args.html is None:
+        raise ValueError("--max-tokens applies to the --html page; add --html FILE (the PNGs show every token)")
+    if args.html is not None and (not args.html or os.path.isdir(args.html)):
+        raise ValueError(f"--html {args.html!r} is not a file path; give one such as attention.html")
+    out = args.out if args.out is not None or args.html is not None else "attention_maps"  # --html alone: the page
+    if out is not None and os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"--out {out} is a file; give a folder for the maps")
+    if args.html is not None:
+        _attention_page(args, model, tok, src, tgt if len(inputs) == 2 else None, heads)
+    if out is None:
+        return 0
     maps = attention_maps(model, *inputs, names=args.layers or None, heads=heads)
-    os.makedirs(args.out, exist_ok=True)
-    write_safetensors({n: w.contiguous() for n, w in maps.items()}, os.path.join(args.out, "attention.safetensors"))
-    src_tok, tgt_tok = _tokens(tok, src), _tokens(tok, tgt)
+    os.makedirs(out, exist_ok=True)
+    write_safetensors({n: w.contiguous() for n, w in maps.items()}, os.path.join(out, "attention.safetensors"))
+    src_tok, tgt_tok = token_labels(src, tok), token_labels(tgt, tok)
     for name, w in maps.items():
         w = w[0]  # (H, Tq, Tk)
         if arch == "rnn_encoder_decoder" or name.endswith("cross_attn"):
-            path = plot_alignment(w.mean(0), src_tok, tgt_tok, os.path.join(args.out, f"{_safe(name)}.png"),
+            path = plot_alignment(w.mean(0), src_tok, tgt_tok, os.path.join(out, f"{_safe(name)}.png"),
                                   title=f"{name} (mean over heads)" if w.shape[0] > 1 else name)
         else:
-            path = plot_head_grid(w, os.path.join(args.out, f"{_safe(name)}.png"), row_names=[name], title=name)
+            path = plot_head_grid(w, os.path.join(out, f"{_safe(name)}.png"), row_names=[name], title=name)
         print(f"{name:<40} {tuple(w.shape)}  -> {path}")
-    print(f"weights: {os.path.join(args.out, 'attention.safetensors')}")
+    print(f"weights: {os.path.join(out, 'attention.safetensors')}")
     return 0
+
+
+def _attention_page(args: argparse.Namespace, model, tok, src: list[int], tgt: list[int] | None,
+                    heads: list[int] | None) -> None:
+    """The interactive viewer page of `inspect attention --html`."""
+    from attnlab.inspect.viewer import MAX_TOKENS, capture_view, render_html
+    from attnlab.io.files import atomic_write_text
+
+    view = capture_view(model, src, tgt, tokenizer=tok, names=args.layers or None, heads=heads,
+                        max_tokens=args.max_tokens or MAX_TOKENS)
+    if view.notice:
+        print(f"note: {view.notice}")
+    title = f"{os.path.basename(os.path.normpath(args.checkpoint))}: {args.text[:60]}"
+    path = atomic_write_text(args.html, render_html(view, title))
+    for kind in view.kinds:
+        print(f"{kind.label:<60} {len(kind.maps)} layer(s) x {kind.maps[0].weights.shape[0]} head(s)")
+    print(f"viewer: {path} ({os.path.getsize(path) / 1024:.0f} KB; open it in a browser, it loads nothing)")
 
 
 def _cost(args: argparse.Namespace) -> int:
@@ -151,14 +170,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                    epilog="example: attnlab inspect cost gpt2-small --seq-len 1024")
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
-    p = sub.add_parser("attention", help="attention weights of a saved model on a text, as PNGs and tensors",
-                       epilog='example: attnlab inspect attention run/model --text "the cat sat" --out maps/')
+    p = sub.add_parser("attention", help="attention weights of a saved model on a text: PNGs, tensors, an HTML viewer",
+                       epilog='example: attnlab inspect attention run/model --text "the cat sat" --html attention.html')
     p.add_argument("checkpoint", help="a folder written by attnlab.save(model, path, tokenizer=...)")
     p.add_argument("--text", required=True, help="the input (the source of an encoder-decoder)")
     p.add_argument("--target", help="the target text of an encoder-decoder (teacher-forced)")
     p.add_argument("--layers", nargs="*", help="attention module names or patterns, e.g. 'decoder.*.cross_attn'")
     p.add_argument("--heads", help="comma-separated head indices (default all)")
-    p.add_argument("--out", default="attention_maps", help="output folder (default attention_maps/)")
+    p.add_argument("--out", help="output folder of the PNGs and attention.safetensors (default attention_maps/, "
+                                 "none when only --html is given)")
+    p.add_argument("--html", metavar="FILE", help="write an interactive viewer: one self-contained HTML page (head "
+                                                   "view, model view, every attention kind); without --out, no PNGs")
+    p.add_argument("--max-tokens", type=_positive_int,
+                   help="with --html: run and show at most N tokens per text; a longer one is cut to its first N "
+                        "tokens, and the page says so (default 512)")
     p.set_defaults(func=_attention)
 
     p = sub.add_parser("cost", help="parameters, FLOPs and activation memory per module",
