@@ -42,6 +42,7 @@ class RNNDecoderState:
     state: Any = None  # h (L, B, Hd), or (h, c) for an LSTM decoder
     last_output: Tensor | None = None  # (B, Hd)
     length: int = 0
+    projected_keys: Tensor | None = None  # additive attention's W_h h_i (B, S, A), computed at the first call
 
     def reorder(self, index: Tensor) -> None:
         """Keep (and repeat) the batch rows `index` (N,): beam search and sampled copies."""
@@ -51,6 +52,8 @@ class RNNDecoderState:
             self.state = self.state.index_select(1, index)
         if self.last_output is not None:
             self.last_output = self.last_output.index_select(0, index)
+        if self.projected_keys is not None:
+            self.projected_keys = self.projected_keys.index_select(0, index)
 
 
 def _check_ids(name: str, ids: Tensor, vocab_size: int) -> None:
@@ -174,8 +177,12 @@ class RNNEncoderDecoder(nn.Module):
         elif self.attention_kind == "additive":
             top = cache.last_output if cache is not None and cache.last_output is not None else self._top(state)
             outs, contexts = [], []
+            projected = cache.projected_keys if cache is not None else None
+            projected = self.attention.w_key(memory) if projected is None else projected  # W_h h_i: once, not per step
+            if cache is not None:
+                cache.projected_keys = projected
             for t in range(T):
-                ctx, _ = self.attention(top[:, None], memory, src_mask)  # s_{t-1} scores h_i -> (B, 1, Hm)
+                ctx, _ = self.attention(top[:, None], memory, src_mask, projected_keys=projected)  # s_{t-1} scores h_i
                 step, state = self.decoder.rnn(torch.cat((y[:, t : t + 1], ctx), -1), state)
                 top = step[:, 0]
                 outs.append(step)

@@ -185,12 +185,13 @@ class RecurrentAttention(nn.Module):
     def scores(self, query: Tensor, keys: Tensor) -> Tensor:
         raise NotImplementedError
 
-    def forward(self, query: Tensor, keys: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, query: Tensor, keys: Tensor, mask: Tensor | None = None, **score_options: Tensor) -> tuple[Tensor, Tensor]:
         """query (B, Tq, Dq), keys = values (B, S, Dk), mask (B, S) 1 = real ->
-        (context (B, Tq, Dk), weights (B, 1, Tq, S), one head, each row a distribution)."""
+        (context (B, Tq, Dk), weights (B, 1, Tq, S), one head, each row a distribution).
+        `score_options` go to `scores` (the additive score's `projected_keys`)."""
         B, S, _ = keys.shape
         keep = _check_mask(mask, B, S, "src_mask")
-        e = self.scores(query, keys)[:, None]  # (B, 1, Tq, S)
+        e = self.scores(query, keys, **score_options)[:, None]  # (B, 1, Tq, S)
         weights = attention_weights(e, keep[:, None, None, :] if keep is not None else None)
         return weights[:, 0] @ keys, weights
 
@@ -204,8 +205,11 @@ class AdditiveAttention(RecurrentAttention):
         self.w_key = nn.Linear(key_dim, hidden, bias=True)
         self.v = nn.Linear(hidden, 1, bias=False)
 
-    def scores(self, query: Tensor, keys: Tensor) -> Tensor:
-        hidden = torch.tanh(self.w_query(query)[:, :, None, :] + self.w_key(keys)[:, None, :, :])  # (B, Tq, S, A)
+    def scores(self, query: Tensor, keys: Tensor, projected_keys: Tensor | None = None) -> Tensor:
+        """e (B, Tq, S); `projected_keys` = `w_key(keys)` when the caller computed it already (a
+        decoder attending step by step to the same memory projects it once, not once per step)."""
+        projected = self.w_key(keys) if projected_keys is None else projected_keys
+        hidden = torch.tanh(self.w_query(query)[:, :, None, :] + projected[:, None, :, :])  # (B, Tq, S, A)
         return self.v(hidden)[..., 0]  # (B, Tq, S)
 
 
