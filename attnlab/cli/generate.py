@@ -267,13 +267,18 @@ def run(args: argparse.Namespace) -> int:
 
     args.prompt = few_shot_prompts(args)
     model, tokenizer = load_checkpoint(args.checkpoint)
-    rows = [tokenizer.encode(p, add_special_tokens=args.add_special_tokens) for p in args.prompt]
+    seq2seq = hasattr(model, "encode")
+    if seq2seq:  # a source, formatted as in training (template, then EOS)
+        from attnlab.data.objectives import encoder_source
+
+        rows = [encoder_source(tokenizer, p, special_tokens=args.add_special_tokens) for p in args.prompt]
+    else:
+        rows = [tokenizer.encode(p, add_special_tokens=args.add_special_tokens) for p in args.prompt]
     pad = role_id(tokenizer, "pad")
     ids, mask = pad_batch(rows, pad if pad is not None else 0, left=True)
     kw = decoding_kwargs(args, tokenizer)
     if args.stop:
         kw.update(stop_strings=args.stop, tokenizer=tokenizer)
-    seq2seq = hasattr(model, "encode")
     start = 1 if seq2seq else ids.shape[1]
     check_length(model, rows=len(rows) * max(1, args.num_beams), prompt_len=start, max_new_tokens=args.max_new_tokens,
                  source_len=ids.shape[1] if seq2seq else None)

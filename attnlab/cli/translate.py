@@ -27,7 +27,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--decoder-start-token-id", type=int, default=None,
                         help="first target token (default: the tokenizer's bos, else the model's pad)")
     parser.add_argument("--no-special-tokens", action="store_true",
-                        help="do not wrap sources with the tokenizer's template")
+                        help="feed the bare pieces: no template, no EOS (by default a source is formatted as "
+                             "in training: the tokenizer's template, then EOS unless the template ends with it)")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     add_decoding_flags(parser, max_new=128, beams=4)
     parser.set_defaults(func=run)
@@ -68,7 +69,9 @@ def run(args: argparse.Namespace) -> int:
         start = role_id(tokenizer, "bos")
     pad = role_id(tokenizer, "pad")
     pad = pad if pad is not None else (model.config.pad_token_id or 0)
-    sources = [tokenizer.encode(line, add_special_tokens=not args.no_special_tokens) for line in lines]
+    from attnlab.data.objectives import encoder_source
+
+    sources = [encoder_source(tokenizer, line, special_tokens=not args.no_special_tokens) for line in lines]
     todo = sorted((i for i, s in enumerate(sources) if lines[i].strip()), key=lambda i: -len(sources[i]))
     if todo:
         check_length(model, rows=min(len(todo), args.batch_size) * max(1, args.num_beams), prompt_len=1,

@@ -18,7 +18,7 @@ taken (PyTorch's `cross_entropy` default `ignore_index`).
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -459,6 +459,24 @@ def segment_pairs(tokens, offsets, batch_size: int, len_a: int, len_b: int,
         return torch.from_numpy(np.stack([np.asarray(tokens[int(s): int(s) + length]) for s in begin]).astype(np.int64))
 
     return spans(starts, len_a), spans(starts + len_a, len_b), spans(r_starts, len_b)
+
+
+def encoder_source(tokenizer: Any, text: str, special_tokens: bool = True) -> list[int]:
+    """`text` as an encoder-decoder's source was in training (`seq2seq` below: the pieces, then
+    EOS): the tokenizer's template, then EOS unless the template already ends with it (Marian's,
+    T5's and BART's do). Translating a source without that EOS is off the training distribution
+    (a recurrent bottleneck model summarises the source by its last state, which in training was
+    the EOS's). `special_tokens=False`: the bare pieces.
+
+    Example (a tokenizer without a template, EOS id 3):
+        >>> encoder_source(tok, "In the beginning")
+        [1435, 269, 3996, 3]
+    """
+    ids = tokenizer.encode(text, add_special_tokens=special_tokens)
+    eos = tokenizer.eos_token_id
+    if special_tokens and eos is not None and (not ids or ids[-1] != eos):
+        ids = [*ids, eos]
+    return ids
 
 
 def seq2seq(src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]], generator: torch.Generator | None = None, *,

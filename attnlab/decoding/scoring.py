@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from attnlab.data.objectives import encoder_source
 from attnlab.decoding.runner import is_seq2seq, sequence_log_probs
 
 
@@ -106,7 +107,7 @@ def score_texts(model: nn.Module, tokenizer: Any, texts: Sequence[str], *, sourc
         ids, mask = _padded(rows[k:k + batch_size], pad)
         src = src_mask = None
         if seq2seq:
-            src, src_mask = _padded([tokenizer.encode(s, add_special_tokens=True) for s in sources[k:k + batch_size]], pad)
+            src, src_mask = _padded([encoder_source(tokenizer, s) for s in sources[k:k + batch_size]], pad)
         logp = sequence_log_probs(model, ids, start, mask=None if seq2seq else mask, src=src, src_mask=src_mask)
         scored = mask[:, start:]
         totals = (logp * scored).sum(-1)

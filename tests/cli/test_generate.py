@@ -92,8 +92,8 @@ def test_translate_file_and_stdin_match_the_library(tmp_path, tok, capsys, monke
         if not line:
             expected.append("")
             continue
-        out = generate(model, torch.tensor([tok.encode(line)]), 12, num_beams=3, eos_token_id=eos,
-                       decoder_start_token_id=bos)
+        source = tok.encode(line) + [eos]  # as the seq2seq objective trains it (attnlab.data.objectives.seq2seq)
+        out = generate(model, torch.tensor([source]), 12, num_beams=3, eos_token_id=eos, decoder_start_token_id=bos)
         expected.append(_new_text(tok, out[0, 1:], eos))
     args = ["translate", str(tmp_path / "mt"), "--num-beams", "3", "--max-new-tokens", "12", "--batch-size", "2"]
     assert main(args + ["--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "out.txt")]) == 0
@@ -102,6 +102,25 @@ def test_translate_file_and_stdin_match_the_library(tmp_path, tok, capsys, monke
     monkeypatch.setattr("sys.stdin", io.StringIO("\n".join(lines)))
     assert main(args + ["--quiet"]) == 0
     assert capsys.readouterr().out.split("\n")[:-1] == expected
+
+
+def test_translate_feeds_the_source_as_training_did(tmp_path, tok, capsys):
+    """The trainer's batches end each source with EOS; translate must too (a model is otherwise
+    asked about sentences unlike any it saw), and --no-special-tokens feeds the bare pieces."""
+    model = _model("encoder_decoder", tok.vocab_size)
+    save(model, tmp_path / "mt", tokenizer=tok)
+    eos, bos = tok.token_to_id("</s>"), tok.token_to_id("<s>")
+    from attnlab.data.objectives import encoder_source, seq2seq
+
+    line = "the cat sat"
+    batch = seq2seq([tok.encode(line)], [tok.encode("x")], pad_id=0, bos_id=bos, eos_id=eos)
+    assert encoder_source(tok, line) == batch["src_ids"][0].tolist()
+    (tmp_path / "in.txt").write_text(line + "\n", encoding="utf-8")
+    for flags, source in (([], batch["src_ids"]), (["--no-special-tokens"], torch.tensor([tok.encode(line)]))):
+        want = _new_text(tok, generate(model, source, 12, eos_token_id=eos, decoder_start_token_id=bos)[0, 1:], eos)
+        assert main(["translate", str(tmp_path / "mt"), "--input", str(tmp_path / "in.txt"), "--num-beams", "1",
+                     "--max-new-tokens", "12", "--quiet", *flags]) == 0
+        assert capsys.readouterr().out == want + "\n"
 
 
 def test_translate_refuses_a_decoder_only_checkpoint(tmp_path, tok, capsys):

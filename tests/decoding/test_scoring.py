@@ -53,9 +53,9 @@ def test_encoder_decoder_scores_the_target_given_the_source(tok):
     model = _model("encoder_decoder", tok.vocab_size)
     sources = ["hello world", "the lights"] * 2
     scores = score_texts(model, tok, TEXTS, sources=sources, batch_size=4)
-    bos = tok.token_to_id("<s>")
-    for text, src, s in zip(TEXTS, sources, scores):
-        ref = _alone(model, [bos] + tok.encode(text), src=tok.encode(src, add_special_tokens=True))
+    bos, eos = tok.token_to_id("<s>"), tok.token_to_id("</s>")
+    for text, src, s in zip(TEXTS, sources, scores):  # the source as the seq2seq objective trains it: pieces + EOS
+        ref = _alone(model, [bos] + tok.encode(text), src=tok.encode(src) + [eos])
         assert s.log_prob == pytest.approx(ref, abs=1e-4)
     with pytest.raises(ValueError, match="one source per text"):
         score_texts(model, tok, TEXTS)
