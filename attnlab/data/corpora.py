@@ -8,6 +8,7 @@
 | `python-docs` | Debian `python3.11-doc` 3.11.2-6+deb12u8 | `_sources/**.rst.txt`; `howto/` valid   |
 | `libreoffice-de` (`-es -fr -it -nl -pt`) | Debian `libreoffice-l10n-de` 4:7.4.7-1+deb12u14 | UI strings English->de from the `.mo` catalogues; 1 in 20 English strings valid |
 | `debian-descriptions-de` | the Debian archive's `bookworm/main` `Translation-en` + `Translation-de` (fetched by apt) | English->German package descriptions paired by md5: synopses, and paragraphs where the counts agree; 1 in 20 descriptions valid |
+| `debian-sections` | `bookworm/main`'s `Packages` (amd64) + `Translation-en` | a description's synopsis and first paragraph -> its package's section (`text<TAB>section`); 1 in 10 descriptions valid |
 | `bible-en-es` | Debian `sword-text-web` 426.0-1 + `sword-text-sparv` 2.60-1 | English->Spanish verses (WEB -> Reina-Valera 1909); 1 in 30 verses valid |
 | `bible-en-es-books` | the same two packages | the same pairs; Ruth, Jonah, Philippians and James valid |
 
@@ -92,25 +93,28 @@ class CorpusVerificationError(ValueError):
     """The downloaded package's sha256 is none of the corpus's known-good ones."""
 
 
-def disjoint_pairs(train: list[tuple[str, str]], valid: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    """`train` without the pairs that share their source or their target sentence with a `valid`
-    pair, and without repeats (first kept): no validation sentence is ever seen in training.
+def disjoint_pairs(train: list[tuple[str, str]], valid: list[tuple[str, str]], *,
+                   targets: bool = True) -> list[tuple[str, str]]:
+    """`train` without the pairs that share their source or (with `targets`) their target
+    sentence with a `valid` pair, and without repeats (first kept): no validation sentence is ever
+    seen in training. Labelled rows (text, label) compare the texts only (`targets=False`).
 
     Example:
         >>> disjoint_pairs([("a", "x"), ("b", "y"), ("c", "z"), ("c", "z")], [("a", "w"), ("d", "y")])
         [('c', 'z')]
     """
-    sources, targets = {s for s, _ in valid}, {t for _, t in valid}
+    seen_sources, seen_targets = {s for s, _ in valid}, {t for _, t in valid} if targets else set()
     kept: dict[tuple[str, str], None] = {}
     for pair in train:
-        if pair[0] not in sources and pair[1] not in targets:
+        if pair[0] not in seen_sources and pair[1] not in seen_targets:
             kept.setdefault(pair)
     return list(kept)
 
 
-def _write_pairs(out: Path, train: list[tuple[str, str]], valid: list[tuple[str, str]]) -> list[tuple[str, str]]:
+def _write_pairs(out: Path, train: list[tuple[str, str]], valid: list[tuple[str, str]],
+                 targets: bool = True) -> list[tuple[str, str]]:
     """train.tsv and valid.tsv (one `source<TAB>target` per line), train made `disjoint_pairs`; returns it."""
-    train = disjoint_pairs(train, valid)
+    train = disjoint_pairs(train, valid, targets=targets)
     for name, part in (("valid", valid), ("train", train)):
         (out / f"{name}.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in part), encoding="utf-8")
     return train
@@ -347,6 +351,23 @@ def _descriptions_builder(lang: str) -> Callable[[list[Path], Path], dict]:
     return build
 
 
+def _build_debian_sections(files: list[Path], out: Path) -> dict:
+    """Package descriptions (synopsis and first paragraph, English) labelled with their package's
+    section, `text<TAB>section`; valid: 1 in 10 descriptions (by a hash of their md5)."""
+    from attnlab.data.debian import read_descriptions, read_sections, section_rows
+
+    rows = section_rows(read_descriptions(files[1]), read_sections(files[0]))
+    held = lambda md5: zlib.crc32(md5.encode("ascii")) % 10 == 0
+    valid = [(text, section) for md5, text, section in rows if held(md5)]
+    train = _write_pairs(out, [(text, section) for md5, text, section in rows if not held(md5)], valid,
+                         targets=False)  # labels repeat by design: only the texts are kept apart
+    counts: dict[str, int] = {}
+    for _, section in train:
+        counts[section] = counts.get(section, 0) + 1
+    return {"train_rows": len(train), "valid_rows": len(valid), "columns": ["text", "section"],
+            "train_sections": dict(sorted(counts.items(), key=lambda kv: -kv[1]))}
+
+
 # Known-good sha256 of the package files, recorded version first. A hash is added only after the
 # corpus built from that file was compared with the recorded one (the test of sameness is noted).
 LIBREOFFICE_VERSION = "4:7.4.7-1+deb12u14"
@@ -372,6 +393,7 @@ PYTHON_DOC = Package("apt:python3.11-doc", "3.11.2-6+deb12u8", (
     "5b3594189d6ef9a6963ce0347fd307a1cc67620ad697e144db366070e2e146be",
 ))
 DEBIAN_RELEASE = "12.15"  # bookworm's point release whose Translation files were recorded
+DEBIAN_PACKAGES_AMD64 = "515e692f2c4121c6fcec444ef100cc18f79a991910615f3a88c8b7becfc94d2f"  # bookworm/main/binary-amd64/Packages at DEBIAN_RELEASE
 DEBIAN_TRANSLATIONS = {  # lang -> sha256 of bookworm/main's Translation-<lang> at DEBIAN_RELEASE
     "en": ("62f59c3cdca9786e4f7adf9002f9f5729a684adcb4667e58e448dec9b5a46c7f",),
     "de": ("adac331fc51f9a00c1b4120b4ac87423be2b1f1615d4f288c7cbc2d5258c0650",),
@@ -396,6 +418,11 @@ CORPORA: dict[str, Corpus] = {
         "debian-descriptions-de", "English->German Debian package descriptions (synopses and paragraphs, DDTP)",
         "pairs", tuple(Package(f"apt-index:bookworm/main/Translation-{lang}", DEBIAN_RELEASE, DEBIAN_TRANSLATIONS[lang])
                        for lang in ("en", "de")), "DFSG-free (the packages' own licences)", _descriptions_builder("de")),
+    "debian-sections": Corpus(
+        "debian-sections", "English Debian package descriptions labelled with their section (games, sound, ...)",
+        "pairs", (Package("apt-index:bookworm/main/Packages-amd64", DEBIAN_RELEASE, (DEBIAN_PACKAGES_AMD64,)),
+                  Package("apt-index:bookworm/main/Translation-en", DEBIAN_RELEASE, DEBIAN_TRANSLATIONS["en"])),
+        "DFSG-free (the packages' own licences)", _build_debian_sections),
     "bible-en-es": Corpus("bible-en-es", "English->Spanish Bible verses (WEB -> Reina-Valera 1909, ~31k), "
                           "1 in 30 verses held out", "pairs", SWORD_BIBLES, "public domain", _bible_builder("verse")),
     "bible-en-es-books": Corpus("bible-en-es-books", "the same verse pairs, four books held out (Ruth, Jonah, "

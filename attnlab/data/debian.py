@@ -16,6 +16,9 @@ description by the md5 of its English text, so two languages pair by `Descriptio
 
     >>> english = read_descriptions(Path("Translation-en"))      # {md5: Description}
     >>> pairs = description_pairs(english, read_descriptions(Path("Translation-de")))
+
+A `Packages` index lists each binary package with its `Section` (admin, games, sound, ...) and
+the same `Description-md5`, so a description also gets a label (`section_rows`).
 """
 
 from __future__ import annotations
@@ -94,3 +97,33 @@ def description_pairs(source: dict[str, Description], target: dict[str, Descript
             if min(len(s), len(t)) >= min_chars and s != t:
                 pairs.setdefault((s, t), md5)
     return [(md5, s, t) for (s, t), md5 in pairs.items()]
+
+
+def read_sections(path: str | Path) -> dict[str, str]:
+    """Description-md5 -> section from a `Packages` index (the area prefix `contrib/`, `non-free/`
+    dropped); a description shared by packages of different sections maps to "" (ambiguous)."""
+    sections: dict[str, str] = {}
+    for stanza in Path(path).read_text(encoding="utf-8", errors="replace").split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in stanza.splitlines() if ": " in line and not line.startswith(" "))
+        md5, section = fields.get("Description-md5"), fields.get("Section", "").rpartition("/")[2]
+        if md5 and section:
+            sections[md5] = section if sections.get(md5, section) == section else ""
+    return sections
+
+
+def section_rows(descriptions: dict[str, Description], sections: dict[str, str],
+                 max_words: int = 80) -> list[tuple[str, str, str]]:
+    """(md5, text, section): a description's synopsis and first paragraph (cut at `max_words`
+    words) with its package's section; descriptions without an unambiguous section are left out,
+    and a text that occurs with two sections is left out entirely."""
+    rows: dict[str, tuple[str, str]] = {}
+    labels: dict[str, set[str]] = {}
+    for md5, d in descriptions.items():
+        section = sections.get(md5)
+        if not section:
+            continue
+        words = " ".join([d.synopsis + ("." if d.synopsis[-1:].isalnum() else ""), *d.paragraphs[:1]]).split()
+        text = " ".join(words[:max_words])
+        labels.setdefault(text, set()).add(section)
+        rows.setdefault(text, (md5, section))
+    return [(md5, text, section) for text, (md5, section) in rows.items() if len(labels[text]) == 1]

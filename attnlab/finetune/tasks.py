@@ -14,6 +14,9 @@
                         before the sentence task (examples/finetune/README.md).
     shakespeare_plays   (single text) which play is a line from? From the `shakespeare` corpus:
                         speech lines of >= min_words words from a few plays, balanced per play.
+    debian_sections     (single text) which section of Debian is a package in, from its
+                        description (synopsis and first paragraph)? From `debian-sections`:
+                        a few sections whose names the text does not give away, balanced.
 
 All write `train.csv`, `valid.csv`, `test.csv` (header text[,text_pair],label) with an atomic
 write each, and return their paths. Same seed and corpus -> byte-identical files.
@@ -33,6 +36,8 @@ from typing import Sequence
 from attnlab.io.files import atomic_write_text
 
 DEFAULT_PLAYS = ("Hamlet", "A Midsummer Night's Dream", "Henry V")
+# sections a description does not name outright (unlike python, perl, rust, libdevel, doc, fonts)
+DEFAULT_SECTIONS = ("admin", "games", "graphics", "net", "science", "sound", "text", "utils")
 SPLITS = ("train", "valid", "test")
 _WORD = re.compile(r"[^\W\d_]{2,}")  # a word: two or more letters
 _ENGLISH_WORD = re.compile(r"[A-Za-z][A-Za-z'-]*")
@@ -266,6 +271,58 @@ def shakespeare_plays(out_dir: str | os.PathLike, *, plays: Sequence[str] = DEFA
         for split, n in zip(SPLITS, sizes):
             splits[split].extend((line, title) for line in chosen[start:start + n])
             start += n
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split in SPLITS:
+        rows = splits[split]
+        rng.shuffle(rows)
+        paths[split] = _write_csv(out / f"{split}.csv", ("text", "label"), rows)
+    return paths
+
+
+def debian_sections(out_dir: str | os.PathLike, *, sections: Sequence[str] = DEFAULT_SECTIONS, seed: int = 0,
+                    n_train: int = 400, n_valid: int = 20, n_test: int = 40,
+                    source: dict[str, str | os.PathLike] | None = None) -> dict[str, Path]:
+    """Write the which-section task: per section, n_train descriptions from the corpus's training
+    side, n_valid and n_test from its held-out side (no text on both sides; label = section).
+    The held-out side is a tenth of the descriptions (graphics has 66 there), hence the small
+    default valid and test sizes: 160 and 320 rows over the 8 default sections.
+
+    Args:
+        out_dir: folder for train.csv, valid.csv, test.csv.
+        sections: Debian sections (at least 2, distinct).
+        seed: picks the rows and the order.
+        source: {"train": tsv, "valid": tsv} (`text<TAB>section` rows); default the
+            `debian-sections` corpus, fetched.
+
+    Returns:
+        {"train": path, "valid": path, "test": path}.
+
+    Raises:
+        ValueError: fewer than 2 or repeated sections, or a section with too few descriptions
+            (the message gives the counts).
+    """
+    if len(set(sections)) != len(sections) or len(sections) < 2:
+        raise ValueError(f"sections must be at least 2 distinct names, got {list(sections)}")
+    if source is None:
+        from attnlab.data.corpora import split_files
+
+        source = split_files("debian-sections")
+    read = lambda path: [tuple(line.split("\t", 1)) for line in Path(path).read_text(encoding="utf-8").splitlines()]
+    rng = random.Random(seed)
+    splits: dict[str, list[tuple[str, str]]] = {s: [] for s in SPLITS}
+    pools = {side: read(source[side]) for side in ("train", "valid")}
+    for section in sections:
+        train = sorted(t for t, label in pools["train"] if label == section)
+        held = sorted(t for t, label in pools["valid"] if label == section)
+        if len(train) < n_train or len(held) < n_valid + n_test:
+            raise ValueError(f"section {section!r} has {len(train)} training and {len(held)} held-out descriptions; "
+                             f"{n_train} and {n_valid + n_test} requested")
+        splits["train"] += [(t, section) for t in rng.sample(train, n_train)]
+        chosen = rng.sample(held, n_valid + n_test)
+        splits["valid"] += [(t, section) for t in chosen[:n_valid]]
+        splits["test"] += [(t, section) for t in chosen[n_valid:]]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {}

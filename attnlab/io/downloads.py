@@ -197,10 +197,11 @@ def download_apt_index(spec: str, into: str | os.PathLike, what: str) -> Path:
     (the system's apt state is not touched).
 
     Args:
-        spec: `SUITE/COMPONENT/Translation-LANG` (the package descriptions in one language), with
-            `=VERSION` (the suite's point release, e.g. `bookworm/main/Translation-de=12.15`) to
-            insist on that release.
-        into: where the file goes, named `Translation-LANG_VERSION_SUITE-COMPONENT.index`.
+        spec: `SUITE/COMPONENT/Translation-LANG` (the package descriptions in one language) or
+            `SUITE/COMPONENT/Packages-ARCH` (the package list of one architecture: sections,
+            versions, ...), with `=VERSION` (the suite's point release, e.g.
+            `bookworm/main/Translation-de=12.15`) to insist on that release.
+        into: where the file goes, named `INDEX_VERSION_SUITE-COMPONENT.index`.
 
     Raises:
         VersionUnavailable: the archive's suite is at another point release than asked for.
@@ -209,16 +210,19 @@ def download_apt_index(spec: str, into: str | os.PathLike, what: str) -> Path:
     """
     target, _, version = spec.partition("=")
     suite, component, index = (target.split("/") + ["", "", ""])[:3]
-    if not (suite and component and index.startswith("Translation-")):
-        raise ValueError(f"apt index {spec!r}: expected SUITE/COMPONENT/Translation-LANG[=VERSION]")
+    kind, _, variant = index.partition("-")
+    if not (suite and component and kind in ("Translation", "Packages") and variant):
+        raise ValueError(f"apt index {spec!r}: expected SUITE/COMPONENT/Translation-LANG or "
+                         "SUITE/COMPONENT/Packages-ARCH, with an optional =VERSION")
     into = Path(into)
     lists = into / "lists"
     (lists / "partial").mkdir(parents=True, exist_ok=True)
     signed = f"[signed-by={DEBIAN_KEYRING}] " if DEBIAN_KEYRING.exists() else ""
     (into / "sources.list").write_text(f"deb {signed}{DEBIAN_MIRROR} {suite} {component}\n", encoding="utf-8")
-    run_tool(["apt-get", "update", "-o", f"Acquire::Languages={index.partition('-')[2]}",
-              "-o", f"Dir::State::Lists={lists}", "-o", f"Dir::Etc::SourceList={into / 'sources.list'}",
-              "-o", "Dir::Etc::SourceParts=/dev/null", "-o", "Acquire::IndexTargets::deb::Packages::DefaultEnabled=false",
+    only = (["-o", f"Acquire::Languages={variant}", "-o", "Acquire::IndexTargets::deb::Packages::DefaultEnabled=false"]
+            if kind == "Translation" else ["-o", "Acquire::Languages=none", "-o", f"APT::Architectures={variant}"])
+    run_tool(["apt-get", "update", *only, "-o", f"Dir::State::Lists={lists}",
+              "-o", f"Dir::Etc::SourceList={into / 'sources.list'}", "-o", "Dir::Etc::SourceParts=/dev/null",
               "-o", "Acquire::GzipIndexes=false"], into, what)
     release = next(iter(lists.glob(f"*_dists_{suite}_InRelease")), None)
     fields = dict(line.split(": ", 1) for line in release.read_text(encoding="utf-8", errors="replace").splitlines()
@@ -226,7 +230,9 @@ def download_apt_index(spec: str, into: str | os.PathLike, what: str) -> Path:
     actual = fields.get("Version", "unknown")
     if version and actual != version:
         raise VersionUnavailable(f"the archive's {suite} is at point release {actual}, not {version}")
-    found = sorted(lists.glob(f"*_dists_{suite}_{component}_i18n_{index}"))
+    pattern = f"*_dists_{suite}_{component}_i18n_{index}" if kind == "Translation" else \
+        f"*_dists_{suite}_{component}_binary-{variant}_Packages"
+    found = sorted(lists.glob(pattern))
     if not found:
         raise ToolError(f"{what}: apt-get update brought no {suite}/{component} {index}")
     path = into / f"{index}_{actual}_{suite}-{component}.index"

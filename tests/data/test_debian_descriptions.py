@@ -123,5 +123,35 @@ def test_corpus_is_built_from_the_two_index_files(tmp_path, monkeypatch):
 
 def test_index_file_names_carry_the_release_and_bad_specs_are_refused(tmp_path):
     assert package_file_version("Translation-de_12.15_bookworm-main.index") == "12.15"
-    with pytest.raises(ValueError, match="SUITE/COMPONENT/Translation-LANG"):
-        download_apt_index("bookworm/Packages", tmp_path, "test")
+    with pytest.raises(ValueError, match="SUITE/COMPONENT/Translation-LANG or SUITE/COMPONENT/Packages-ARCH"):
+        download_apt_index("bookworm/main/Sources", tmp_path, "test")
+
+
+PACKAGES = f"""Package: zlib1g
+Section: libs
+Description: compression library - runtime
+Description-md5: {TRAIN_MD5}
+
+Package: zlib1g-udeb
+Section: debian-installer
+Description-md5: {TRAIN_MD5}
+
+Package: zsh
+Section: contrib/shells
+Description-md5: {OTHER_MD5}
+
+Package: zip
+Section: utils
+Description-md5: {VALID_MD5}
+"""
+
+
+def test_sections_label_descriptions_and_ambiguous_ones_are_left_out(tmp_path):
+    from attnlab.data.debian import read_sections, section_rows
+
+    (tmp_path / "Packages").write_text(PACKAGES, encoding="utf-8")
+    sections = read_sections(tmp_path / "Packages")
+    assert sections == {TRAIN_MD5: "", OTHER_MD5: "shells", VALID_MD5: "utils"}  # zlib1g: two sections
+    rows = {text: section for _, text, section in section_rows(parse_descriptions(ENGLISH), sections)}
+    assert rows == {"shell with lots of features. Zsh is a UNIX command interpreter.": "shells",
+                    "Archiver for .zip files. This package includes the shared library.": "utils"}
