@@ -39,6 +39,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "TrainConfig": ("attnlab.training", "TrainConfig"),
     "Trainer": ("attnlab.training", "Trainer"),
     "embed": ("attnlab.interop.sentence", "embed"),
+    "fill_mask": ("attnlab.decoding.fill_mask", "fill_mask"),
     "from_hf": ("attnlab.interop", "from_hf"),
     "to_hf": ("attnlab.interop", "to_hf"),
 }
@@ -62,5 +63,6 @@ def __dir__() -> list[str]:
 __all__ = [
     "AttentionConfig", "Decoder", "Encoder", "EncoderDecoder", "FewShotPrompt", "GenerateOutput", "ModelConfig",
     "PositionConfig", "RNNConfig", "RNNEncoderDecoder", "Tokenizer", "TrainConfig", "Trainer", "build_model", "data",
-    "embed", "finetune", "from_hf", "generate", "inspect", "load", "parallel", "presets", "save", "to_hf", "training",
+    "embed", "fill_mask", "finetune", "from_hf", "generate", "inspect", "load", "parallel", "presets", "save", "to_hf",
+    "training",
 ]

@@ -29,8 +29,9 @@ def test_every_public_name_resolves():
 
 def test_lazy_names_are_the_real_objects():
     import attnlab
+    from attnlab.decoding.fill_mask import fill_mask
     from attnlab.interop.sentence import embed
     from attnlab.training import Trainer
 
-    assert attnlab.Trainer is Trainer and attnlab.embed is embed
+    assert attnlab.Trainer is Trainer and attnlab.embed is embed and attnlab.fill_mask is fill_mask
     assert attnlab.load is attnlab.io.load and attnlab.save is attnlab.io.save

@@ -1,6 +1,6 @@
 """Entry point of the `attnlab` command.
 
-Each subcommand lives in its own module of this package and exposes
+Each subcommand lives in its own module of this package (`fill-mask` in fill_mask.py) and exposes
 ``add_parser(subparsers)``, which registers an ``argparse`` parser whose
 ``func`` default is called with the parsed arguments. To add a subcommand,
 write the module, list it in ``SUBCOMMANDS`` and give its one-line help in
@@ -30,8 +30,8 @@ import warnings
 from collections.abc import Iterable
 from typing import NoReturn
 
-SUBCOMMANDS = ["convert", "data", "demo", "embed", "eval", "finetune", "generate", "inspect", "model", "parallel",
-               "predict", "score", "tokenizer", "train", "translate"]
+SUBCOMMANDS = ["convert", "data", "demo", "embed", "eval", "fill-mask", "finetune", "generate", "inspect", "model",
+               "parallel", "predict", "score", "tokenizer", "train", "translate"]
 
 # what `attnlab --help` shows for each subcommand without importing its module; equal to the
 # help its module registers (tests/cli/test_main.py checks it)
@@ -41,6 +41,7 @@ SUMMARIES = {
     "demo": "train a small GPT on Shakespeare for a few minutes and generate",
     "embed": "sentence embeddings (all-MiniLM-L6-v2 by default) to .npy or JSONL",
     "eval": "evaluate a training checkpoint",
+    "fill-mask": "a masked LM's top tokens at each [MASK] of a text",
     "finetune": "fine-tune a pretrained model on a classification or tagging task",
     "generate": "continue a prompt with a saved model (streams to the terminal)",
     "inspect": "look inside models: attention maps, cost, gradients, rank",
@@ -102,7 +103,7 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         if name in load:
-            importlib.import_module(f"attnlab.cli.{name}").add_parser(subparsers)
+            importlib.import_module(f"attnlab.cli.{name.replace('-', '_')}").add_parser(subparsers)
         else:
             subparsers.add_parser(name, help=SUMMARIES.get(name))
     return parser

@@ -52,7 +52,7 @@ from tests.training.helpers import tiny_config
 
 EXAMPLES = {"generate": 60, "translate": 30, "embed": 40, "predict": 30, "eval": 10, "inspect": 30, "model": 30,
             "parallel": 30, "tokenizer": 50, "convert": 20, "train": 25, "finetune": 10, "data": 15, "demo": 8,
-            "score": 30}
+            "score": 30, "fill-mask": 30}
 SCALE = float(os.environ.get("ATTNLAB_FUZZ_SCALE", "1"))  # more cases, fresh ones each run: a deeper search
 CASE_SECONDS = 30  # one case running longer is a failure (a hang, or work nobody asked for)
 
@@ -117,6 +117,8 @@ def _build_world(root: Path) -> World:
     w.models["rnn"] = _save(good / "rnn", char, arch="rnn_encoder_decoder",
                             rnn={"cell": "gru", "attention": "additive", "hidden_size": 16})
     w.models["enc"] = _save(good / "enc", bert, arch="encoder", position={"scheme": "learned", "max_len": 32})
+    w.models["mlm"] = _save(good / "mlm", bert, arch="encoder", head="mlm",
+                            position={"scheme": "learned", "max_len": 32})
     w.models["clf"] = _save(good / "clf", bert, arch="encoder", head="classification", num_labels=3,
                             position={"scheme": "learned", "max_len": 32})
     (good / "clf" / "labels.json").write_text(json.dumps({"labels": ["red", "blue", "green"]}))
@@ -492,6 +494,21 @@ def test_score(world):
     case()
 
 
+def test_fill_mask(world):
+    masked = st.sampled_from(["the [MASK] sat", "[MASK] cat [MASK]", "[MASK]", "the cat", "<mask> sat",
+                              "[MASK] " * 40]) | TEXT.map(lambda t: f"{t} [MASK]")
+
+    @fuzz("fill-mask")
+    @given(argv(["fill-mask"], one(world.folders("mlm", "mlm", "mlm", "mlm", "enc", "lm", "mt", "rnn", "run")),
+                st.lists(masked, min_size=1, max_size=2) | st.just([]), opt("--top-k", INTS),
+                opt("--tokenizer", st.sampled_from([world.models["tok"]] + world.any_files("text"))),
+                switch("--no-special-tokens"), switch("--json"), JUNK))
+    def case(args):
+        check(world, args)
+
+    case()
+
+
 def test_embed(world):
     @fuzz("embed")
     @given(argv(["embed"], st.lists(WORDY, min_size=1, max_size=2) | st.just([]), ["--model"],
@@ -690,6 +707,8 @@ SLOTS = [
     (["generate", "{}", "--prompt", "the"], "folder"),
     (["score", "{}", "the cat"], "folder"),
     (["score", "{lm}", "--file", "{}"], "file"),
+    (["fill-mask", "{}", "the [MASK] sat"], "folder"),
+    (["fill-mask", "{mlm}", "the [MASK] sat", "--tokenizer", "{}"], "file"),
     (["translate", "{mt}", "--input", "{}", "--output", "out.txt"], "file"),
     (["translate", "{}", "--input", "{text}"], "folder"),
     (["embed", "--model", "{}", "the cat"], "folder"),
@@ -735,6 +754,7 @@ def _broken_cases():
 def test_a_broken_file_is_named(world, template, kind, broken):
     path = str(world.root / broken)
     fill = {"mt": world.models["mt"], "lm": world.models["lm"], "enc": world.models["enc"], "clf": world.models["clf"],
+            "mlm": world.models["mlm"],
             "text": world.files["text"], "csv": world.files["csv"]}
     args = [path if a == "{}" else a.format(**fill) for a in template]
     outcome = check(world, args)
