@@ -32,8 +32,15 @@ def _attention(args: argparse.Namespace) -> int:
     from attnlab.io.serialization import load
 
     model, tok = load(args.checkpoint, with_tokenizer=True)
+    if _is_vit(model):
+        return _image_attention(args, model)
+    if args.image is not None or args.image_file is not None:
+        raise ValueError(f"--image and --image-file are for a Vision Transformer; {args.checkpoint} holds "
+                         f"arch={model.config.arch!r}, which reads text: give --text")
     if tok is None:
         raise ValueError(f"{args.checkpoint} has no tokenizer.json; save the model with attnlab.save(model, path, tokenizer=tok)")
+    if args.text is None:
+        raise ValueError("--text is needed: the input text (the source of an encoder-decoder)")
     arch = model.config.arch
     src = tok.encode(args.text)
     if not src:
@@ -54,11 +61,7 @@ def _attention(args: argparse.Namespace) -> int:
         inputs = (torch.tensor([src]),)
     if args.max_tokens is not None and args.html is None:
         raise ValueError("--max-tokens applies to the --html page; add --html FILE (the PNGs show every token)")
-    if args.html is not None and (not args.html or os.path.isdir(args.html)):
-        raise ValueError(f"--html {args.html!r} is not a file path; give one such as attention.html")
-    out = args.out if args.out is not None or args.html is not None else "attention_maps"  # --html alone: the page
-    if out is not None and os.path.exists(out) and not os.path.isdir(out):
-        raise ValueError(f"--out {out} is a file; give a folder for the maps")
+    out = _output_folder(args)
     if args.html is not None:
         _attention_page(args, model, tok, src, tgt if len(inputs) == 2 else None, heads)
     if out is None:
@@ -75,6 +78,117 @@ def _attention(args: argparse.Namespace) -> int:
         else:
             path = plot_head_grid(w, os.path.join(out, f"{_safe(name)}.png"), row_names=[name], title=name)
         print(f"{name:<40} {tuple(w.shape)}  -> {path}")
+    print(f"weights: {os.path.join(out, 'attention.safetensors')}")
+    return 0
+
+
+def _output_folder(args: argparse.Namespace) -> str | None:
+    """The folder of the PNGs (None: only the --html page), after checking --out and --html."""
+    if args.html is not None and (not args.html or os.path.isdir(args.html)):
+        raise ValueError(f"--html {args.html!r} is not a file path; give one such as attention.html")
+    out = args.out if args.out is not None or args.html is not None else "attention_maps"  # --html alone: the page
+    if out is not None and os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"--out {out} is a file; give a folder for the maps")
+    return out
+
+
+def _is_vit(model) -> bool:
+    from attnlab.models.vision import VisionEncoder
+
+    return isinstance(model, VisionEncoder)
+
+
+def _read_image(args: argparse.Namespace, config):
+    """The image of --image N (the digits test split of examples/vit_digits) or --image-file
+    (a .npy array), as a float tensor (C, S, S), and a line saying what it is."""
+    import numpy as np
+    import torch
+
+    from attnlab.inspect.patch_maps import DIGITS_TEST_FRACTION, DIGITS_SPLIT_SEED
+
+    want = (config.channels, config.image_size, config.image_size)
+    if args.image is not None:
+        from attnlab.data.images import DIGITS_SIZE, load_digits, stratified_split
+
+        if want != (1, DIGITS_SIZE, DIGITS_SIZE):
+            raise ValueError(f"--image picks a {DIGITS_SIZE}x{DIGITS_SIZE} grey digit; {args.checkpoint} takes "
+                             f"{' x '.join(map(str, want))} images: give --image-file FILE.npy")
+        images, labels = load_digits()
+        _, test = stratified_split(labels, DIGITS_TEST_FRACTION, seed=DIGITS_SPLIT_SEED)
+        if not 0 <= args.image < len(test):
+            raise ValueError(f"--image {args.image}: the digits test split has {len(test)} images, "
+                             f"0..{len(test) - 1}")
+        index = int(test[args.image])
+        return images[index], f"digits test image {args.image} (digit #{index} of 1,797), label {int(labels[index])}"
+    path = args.image_file
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--image-file {path}: no such file (expected a .npy array)")
+    try:
+        array = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as err:
+        raise ValueError(f"--image-file {path}: not a .npy array written by numpy.save ({err})") from None
+    if not isinstance(array, np.ndarray) or array.dtype.kind not in "biuf":
+        raise ValueError(f"--image-file {path}: expected a numeric array, got {getattr(array, 'dtype', type(array))}")
+    image = torch.from_numpy(np.ascontiguousarray(array).astype(np.float32))
+    if image.dim() == 2 and want[0] == 1:
+        image = image[None]
+    if tuple(image.shape) != want:
+        raise ValueError(f"--image-file {path}: the array is {tuple(array.shape)}; {args.checkpoint} takes "
+                         f"{' x '.join(map(str, want))} (channels, height, width)"
+                         + (f" or {want[1]} x {want[2]}" if want[0] == 1 else ""))
+    if not bool(torch.isfinite(image).all()):
+        raise ValueError(f"--image-file {path}: the array has NaN or infinite values")
+    return image, f"{path}, pixels {float(image.min()):g}..{float(image.max()):g}"
+
+
+def _image_attention(args: argparse.Namespace, model) -> int:
+    """`inspect attention` for a ViT: the PNGs of [CLS]'s and each patch's attention over the
+    patch grid, the weights, and the --html page over `[CLS]`, `p(r,c)`."""
+    import torch
+
+    from attnlab.inspect.patch_maps import image_attention, image_view, plot_cls_attention, plot_patch_attention
+    from attnlab.io.weights import write_safetensors
+
+    name = args.checkpoint
+    if args.text is not None or args.target is not None:
+        raise ValueError(f"{name} holds a Vision Transformer, which reads images: give --image N or "
+                         "--image-file FILE.npy instead of --text/--target")
+    if (args.image is None) == (args.image_file is None):
+        raise ValueError(f"{name} holds a Vision Transformer: give one of --image N (a digit of the digits test "
+                         "split) or --image-file FILE.npy")
+    if args.max_tokens is not None:
+        raise ValueError(f"--max-tokens is for texts; the Vision Transformer in {name} reads all its "
+                         f"{model.config.seq_len} tokens ([CLS] + patches)")
+    out = _output_folder(args)
+    heads = _heads(args.heads)
+    image, what = _read_image(args, model.config)
+    print(f"image: {what}")
+    with torch.no_grad():
+        logits = model(image[None].to(next(model.parameters()).device))
+    if model.head is not None:
+        probs = logits.float().softmax(-1)[0]
+        print(f"predicted class {int(probs.argmax())} (p = {float(probs.max()):.3f})")
+    grid = model.config.grid
+    if args.html is not None:
+        from attnlab.inspect.viewer import render_html
+        from attnlab.io.files import atomic_write_text
+
+        view = image_view(model, image, names=args.layers or None, heads=heads)
+        title = f"{os.path.basename(os.path.normpath(name))}: {what}"
+        path = atomic_write_text(args.html, render_html(view, title))
+        print(f"viewer: {path} ({os.path.getsize(path) / 1024:.0f} KB; open it in a browser, it loads nothing)")
+    if out is None:
+        return 0
+    maps = image_attention(model, image, names=args.layers or None, heads=heads)
+    os.makedirs(out, exist_ok=True)
+    write_safetensors({n: w[None].contiguous() for n, w in maps.items()}, os.path.join(out, "attention.safetensors"))
+    print(f"{'[CLS] over the patches':<40} {len(maps)} module(s)  -> "
+          f"{plot_cls_attention(image, maps, grid, os.path.join(out, 'cls.png'), heads=heads)}")
+    for module, w in maps.items():
+        path = plot_patch_attention(image, w, grid, os.path.join(out, f"{_safe(module)}.png"),
+                                    title=f"{module}: each patch's attention over the {grid}x{grid} patches "
+                                          f"(mean over {w.shape[0]} heads; red: the query)")
+        print(f"{module:<40} {tuple(w.shape)}  -> {path}")
     print(f"weights: {os.path.join(out, 'attention.safetensors')}")
     return 0
 
@@ -170,10 +284,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                    epilog="example: attnlab inspect cost gpt2-small --seq-len 1024")
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
 
-    p = sub.add_parser("attention", help="attention weights of a saved model on a text: PNGs, tensors, an HTML viewer",
-                       epilog='example: attnlab inspect attention run/model --text "the cat sat" --html attention.html')
+    p = sub.add_parser("attention", help="attention weights of a saved model on a text (or a ViT on an image): PNGs, "
+                                         "tensors, an HTML viewer",
+                       epilog='examples: attnlab inspect attention run/model --text "the cat sat" --html attention.html\n'
+                              '          attnlab inspect attention vit/model --image 3 --out vit_maps',
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="a folder written by attnlab.save(model, path, tokenizer=...)")
-    p.add_argument("--text", required=True, help="the input (the source of an encoder-decoder)")
+    p.add_argument("--text", help="the input (the source of an encoder-decoder); required but for a ViT")
+    p.add_argument("--image", type=int, metavar="N", help="a Vision Transformer's input: image N of the digits test "
+                                                          "split (examples/vit_digits: 20%%, stratified, seed 0)")
+    p.add_argument("--image-file", metavar="FILE.npy", help="a Vision Transformer's input: an array saved by "
+                                                            "numpy.save, (H, W) or (C, H, W), pixels as in training")
     p.add_argument("--target", help="the target text of an encoder-decoder (teacher-forced)")
     p.add_argument("--layers", nargs="*", help="attention module names or patterns, e.g. 'decoder.*.cross_attn'")
     p.add_argument("--heads", help="comma-separated head indices (default all)")

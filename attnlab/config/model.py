@@ -339,6 +339,8 @@ class ModelConfig:
     num_labels: int = 2
     pooler: bool = False  # BERT's dense + tanh over the first token
     nsp_head: bool = False  # BERT's next-sentence classifier on the pooled [CLS], beside head='mlm'
+    sbo_head: bool = False  # SpanBERT's span-boundary head (attnlab.models.heads.SpanBoundaryHead), beside head='mlm'
+    sbo_max_span: int = 32  # positions within a span the SBO head embeds; a token further in takes the last
     classifier_pooling: str | None = None  # None = `first` ([CLS]) for encoders, `last` for decoders
     pad_token_id: int | None = 0
     init_std: float = 0.02
@@ -381,6 +383,10 @@ class ModelConfig:
         if self.nsp_head and self.head != "mlm":
             raise ConfigError("nsp_head", f"true sits beside the MLM head: it needs arch='encoder' and head='mlm', "
                               f"got arch={self.arch!r}, head={self.head!r}")
+        if self.sbo_head and self.head != "mlm":
+            raise ConfigError("sbo_head", f"true sits beside the MLM head (sharing its output matrix): it needs "
+                              f"arch='encoder' and head='mlm', got arch={self.arch!r}, head={self.head!r}")
+        positive("sbo_max_span", self.sbo_max_span, integer=True)
         if self.pooler and self.arch != "encoder":
             raise ConfigError("pooler", f"true needs arch='encoder', got arch={self.arch!r}")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:

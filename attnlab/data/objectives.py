@@ -7,7 +7,7 @@ taken (PyTorch's `cross_entropy` default `ignore_index`).
 |----------------------|-------------------------------------------------------------------------|---------|
 | `causal_lm`          | Radford et al. 2018, https://openai.com/research/language-unsupervised | input_ids, labels |
 | `masked_lm`          | Devlin et al. 2019, https://arxiv.org/abs/1810.04805 (3.1)              | input_ids, labels |
-| `span_masked_lm`     | Joshi et al. 2020 (SpanBERT), https://arxiv.org/abs/1907.10529 (3.1)    | input_ids, labels |
+| `span_masked_lm`     | Joshi et al. 2020 (SpanBERT), https://arxiv.org/abs/1907.10529 (3.1-2)  | input_ids, labels (+ span_left, span_right) |
 | `span_corruption`    | Raffel et al. 2020, https://arxiv.org/abs/1910.10683 (3.1.4)            | input_ids, labels |
 | `prefix_lm`          | Raffel et al. 2020 (3.2.1); Dong et al. 2019                            | input_ids, labels, prefix_lengths |
 | `encoder_decoder_lm` | Raffel et al. 2020 (3.2.3; "prefix language modeling", Tables 3-4)     | seq2seq's, prefix_lengths |
@@ -190,10 +190,54 @@ def _place_spans(word_len: np.ndarray, word_ok: np.ndarray, budget: int, cdf: np
     return spans
 
 
+def span_boundaries(labels: Tensor, attention_mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Where SpanBERT's span-boundary objective reads each masked token from: the positions s - 1
+    and e + 1 just outside its span s..e, a span being a maximal run of labelled positions
+    (`span_masked_lm`'s spans never touch, so its runs are its spans).
+
+    A span whose boundary falls outside the row (it starts at 0 or ends at T - 1) or on padding
+    (attention_mask 0) gives no target: both are -1 there, as at every unlabelled position.
+
+    Example: labels [-100, 7, 8, -100, 9] -> span_left [-1, 0, 0, -1, -1], span_right [-1, 3, 3, -1, -1]
+    (the span at 4 ends the row: no right boundary).
+
+    Args:
+        labels: (B, T), IGNORE where not masked.
+        attention_mask: (B, T), 0 on padding.
+
+    Returns:
+        (span_left, span_right), each (B, T) long.
+    """
+    _check_ids("labels", labels)
+    B, T = labels.shape
+    picked = labels != IGNORE
+    pos = torch.arange(T).expand(B, T)
+    first = picked & ~_shifted(picked, 1)  # a run starts here
+    last = picked & ~_shifted(picked, -1)  # a run ends here
+    start = torch.where(first, pos, -1).cummax(1).values  # (B, T): the latest run start at or before each position
+    end = torch.where(last, pos, T).flip(1).cummin(1).values.flip(1)  # the earliest run end at or after it
+    left, right = start - 1, end + 1
+    ok = picked & (left >= 0) & (right < T)
+    if attention_mask is not None:
+        real = attention_mask.bool()
+        ok &= torch.gather(real, 1, left.clamp(0, T - 1)) & torch.gather(real, 1, right.clamp(0, T - 1))
+    return torch.where(ok, left, -1), torch.where(ok, right, -1)
+
+
+def _shifted(x: Tensor, shift: int) -> Tensor:
+    """x (B, T) bool moved `shift` places along T (1: x[t - 1] at t), False where nothing moved in."""
+    out = torch.zeros_like(x)
+    if shift > 0:
+        out[:, shift:] = x[:, :-shift]
+    else:
+        out[:, :shift] = x[:, -shift:]
+    return out
+
+
 def span_masked_lm(ids: Tensor, generator: torch.Generator, *, vocab_size: int, mask_id: int,
                    special_ids: Sequence[int] = (), word_starts: Tensor | None = None, mask_prob: float = 0.15,
                    geometric_p: float = 0.2, max_span_words: int = 10, replace_probs: tuple[float, float] = (0.8, 0.1),
-                   attention_mask: Tensor | None = None) -> dict[str, Tensor]:
+                   attention_mask: Tensor | None = None, span_boundary: bool = False) -> dict[str, Tensor]:
     """SpanBERT's span masking: contiguous spans of whole words are masked instead of single
     tokens, until `mask_prob` of a row's tokens are; a span's length in words is drawn from a
     geometric distribution (`span_length_probs`), and each span is replaced as a unit: 80% of
@@ -224,9 +268,12 @@ def span_masked_lm(ids: Tensor, generator: torch.Generator, *, vocab_size: int, 
         geometric_p, max_span_words: the span length distribution, in words.
         replace_probs: (to [MASK], to random) per span; the rest stay unchanged.
         attention_mask: (B, T), 0 on padding (never masked).
+        span_boundary: also return the span-boundary objective's inputs (`span_boundaries`).
 
     Returns:
-        `input_ids` (B, T) corrupted, `labels` (B, T) original ids where masked, else IGNORE.
+        `input_ids` (B, T) corrupted, `labels` (B, T) original ids where masked, else IGNORE; with
+        `span_boundary`, `span_left` and `span_right` (B, T): the positions just outside each
+        masked token's span, -1 where it has no SBO target. The draws do not depend on it.
     """
     _check_masking(ids, mask_prob, replace_probs)
     p_mask, p_random = replace_probs
@@ -270,7 +317,10 @@ def span_masked_lm(ids: Tensor, generator: torch.Generator, *, vocab_size: int, 
     random_ids = allowed[torch.randint(0, len(allowed), ids.shape, generator=generator)]  # a token of its own each
     corrupted = torch.where(to_mask, torch.full_like(ids, mask_id), ids)
     corrupted = torch.where(to_random, random_ids, corrupted)
-    return {"input_ids": corrupted, "labels": labels}
+    batch = {"input_ids": corrupted, "labels": labels}
+    if span_boundary:
+        batch["span_left"], batch["span_right"] = span_boundaries(labels, attention_mask)
+    return batch
 
 
 def _random_segmentation(n_items: int, n_segments: int, generator: torch.Generator) -> Tensor:

@@ -8,6 +8,8 @@ every part goes through a temporary file and a rename.
 
     tokens = TokenFile.build("train", documents, tok.encode, tok.vocab_size, eos_id=tok.eos_token_id)
     window = tokens.window(1000, 257)          # np.ndarray (257,)
+    docs = tokens.document_index(starts, 257)  # the document of each token of the windows at starts
+    starts, lengths = tokens.chunks(257)       # rows that stay inside one document each
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class TokenFile:
         self.offsets = np.fromfile(self.prefix.with_suffix(".idx"), dtype=np.int64)
         if len(self.offsets) != int(self.meta["num_documents"]) + 1 or (n and self.offsets[-1] != n):
             raise ValueError(f"{self.prefix}.idx does not match {meta_path.name}; delete the files to rebuild")
+        self._chunks: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # `chunks` per length
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -80,8 +83,14 @@ class TokenFile:
             raise ValueError(f"window [{start}, {start + length}) is outside the {len(self)} tokens")
         return np.asarray(self.tokens[start: start + length])
 
-    def random_windows(self, batch_size: int, length: int, generator: torch.Generator) -> torch.Tensor:
-        """`batch_size` windows of `length` tokens at uniform random starts -> LongTensor (B, length).
+    def windows(self, starts: torch.Tensor | np.ndarray, length: int) -> torch.Tensor:
+        """The windows of `length` tokens at `starts` -> LongTensor (N, length)."""
+        if len(starts) == 0:
+            return torch.zeros(0, length, dtype=torch.long)
+        return torch.from_numpy(np.stack([self.window(int(s), length) for s in starts]).astype(np.int64))
+
+    def random_starts(self, batch_size: int, length: int, generator: torch.Generator) -> torch.Tensor:
+        """`batch_size` uniform random starts of windows of `length` tokens -> LongTensor (B,).
 
         Raises:
             ValueError: the corpus is shorter than one window.
@@ -89,19 +98,61 @@ class TokenFile:
         if len(self) < length + 1:
             raise ValueError(f"{self.prefix.name}: {len(self)} tokens cannot fill a window of {length}; "
                              "use a shorter seq_len or more data")
-        starts = torch.randint(0, len(self) - length + 1, (batch_size,), generator=generator)
-        return torch.from_numpy(np.stack([self.window(int(s), length) for s in starts]).astype(np.int64))
+        return torch.randint(0, len(self) - length + 1, (batch_size,), generator=generator)
+
+    def random_windows(self, batch_size: int, length: int, generator: torch.Generator) -> torch.Tensor:
+        """`batch_size` windows of `length` tokens at uniform random starts -> LongTensor (B, length).
+
+        Raises:
+            ValueError: the corpus is shorter than one window.
+        """
+        return self.windows(self.random_starts(batch_size, length, generator), length)
+
+    def sequential_starts(self, length: int, limit: int | None = None) -> torch.Tensor:
+        """The starts of `sequential_windows` -> LongTensor (N,)."""
+        step = length - 1
+        count = max(0, (len(self) - 1) // step)  # an empty file has no window (not -1 of them)
+        if limit is not None:
+            count = min(count, limit)
+        return torch.arange(count, dtype=torch.long) * step
 
     def sequential_windows(self, length: int, limit: int | None = None) -> torch.Tensor:
         """Non-overlapping windows from the start (the last `length - 1`... tokens that do not
         fill a window are dropped), at most `limit` of them -> LongTensor (N, length); windows
         overlap by one token so that inputs/labels of causal LM cover every token once."""
-        step = length - 1
-        count = max(0, (len(self) - 1) // step)  # an empty file has no window (not -1 of them)
-        if limit is not None:
-            count = min(count, limit)
-        return torch.from_numpy(np.stack([self.window(i * step, length) for i in range(count)]).astype(np.int64)) \
-            if count else torch.zeros(0, length, dtype=torch.long)
+        return self.windows(self.sequential_starts(length, limit), length)
+
+    def document_index(self, starts: torch.Tensor | np.ndarray, length: int) -> torch.Tensor:
+        """The document each token of the windows of `length` tokens at `starts` belongs to
+        (its index in the file) -> LongTensor (N, length).
+
+        Example: documents [0, 3) and [3, 5), windows of 4 at 1 -> [[0, 0, 1, 1]].
+        """
+        positions = np.asarray(starts, dtype=np.int64)[:, None] + np.arange(length, dtype=np.int64)
+        return torch.from_numpy(np.searchsorted(self.offsets, positions, side="right") - 1)
+
+    def chunks(self, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows of at most `length` tokens that each stay inside one document: every document cut
+        from its start into pieces of `length` tokens that overlap by one (as `sequential_windows`
+        do), so that their inputs and labels cover each of its tokens once; a document of one
+        token has none. In file order.
+
+        Example: documents of 3 and 6 tokens, length 4 -> starts [0, 3, 6], lengths [3, 4, 3].
+
+        Returns:
+            (starts, lengths): int64 arrays (N,).
+        """
+        if length < 2:
+            raise ValueError(f"length must be >= 2 (an input and its label), got {length}")
+        if length not in self._chunks:
+            sizes = np.diff(self.offsets)
+            counts = -(-np.maximum(sizes - 1, 0) // (length - 1))  # ceil((size - 1) / (length - 1)) each
+            doc = np.repeat(np.arange(len(sizes)), counts)
+            nth = np.arange(len(doc)) - np.repeat(np.cumsum(counts) - counts, counts)  # piece j of its document
+            starts = self.offsets[:-1][doc] + nth * (length - 1)
+            lengths = np.minimum(length, self.offsets[1:][doc] - starts)
+            self._chunks[length] = (starts.astype(np.int64), lengths.astype(np.int64))
+        return self._chunks[length]
 
     @classmethod
     def build(cls, prefix: str | os.PathLike, pieces: Iterable[tuple[str, bool]] | Iterable[str],

@@ -315,8 +315,11 @@ def _save(run: Finetuner, tokenizer: Any, labels: LabelMap, folder: Path) -> Non
 
     settings = {"max_length": run.recipe.max_length, "padding_side": run.recipe.padding_side, "pad_id": run.pad_id,
                 "label_position": run.recipe.label_position}
+    from attnlab.nn.lora import lora_layers, merged_copy
+
+    model = merged_copy(run.model) if lora_layers(run.model) else run.model  # LoRA: the adapters merged in
     with atomic_folder(folder) as tmp:
-        staged = save(run.model, tmp / "model", tokenizer=tokenizer)
+        staged = save(model, tmp / "model", tokenizer=tokenizer)
         for file in staged.iterdir():
             file.replace(tmp / file.name)
         staged.rmdir()

@@ -27,8 +27,9 @@ from torch import Tensor, nn
 from attnlab.finetune.data import Example, encode_batch
 from attnlab.finetune.metrics import classification_report
 from attnlab.finetune.task import FinetuneTask, model_inputs
-from attnlab.config.validate import check_types, choice, in_range, non_negative, positive, sub_config
-from attnlab.training.config import DEVICES, NAN_POLICIES, PRECISIONS, TrainConfig
+from attnlab.config.load import to_dict
+from attnlab.config.validate import ConfigError, check_types, choice, in_range, non_negative, positive, sub_config
+from attnlab.training.config import DEVICES, NAN_POLICIES, PRECISIONS, LoraConfig, TrainConfig
 from attnlab.training.steps import autocast
 from attnlab.training.trainer import Trainer
 
@@ -42,8 +43,12 @@ class Recipe:
     betas, eps: AdamW's; grad_accum: micro-batches of batch_size per step (weighted by examples,
     or labelled tokens); checkpoint_every: steps between checkpoints (the last step and a sweep's
     probe are checkpointed too); nan_policy: stop or skip a step whose loss is not finite;
-    precision: bf16 autocasts the forward passes (weights and optimizer stay fp32), auto picks
-    bf16 where the device runs it natively and fp32 elsewhere (attnlab.training.precision).
+    precision: bf16 (or fp16, loss-scaled) autocasts the forward passes (weights and optimizer stay
+    fp32), auto picks bf16 where the device runs it natively and fp32 elsewhere
+    (attnlab.training.precision). tensorboard, compile, activation_checkpointing: as the `train`
+    section's fields of the same names.
+    lora: train LoRA adapters instead of the backbone's weights (attnlab.training.config.LoraConfig:
+    rank, alpha, dropout, target_modules); the new task head trains in full beside them.
     """
 
     lr: float = 5e-5
@@ -65,10 +70,14 @@ class Recipe:
     lm_loss_weight: float = 0.0
     padding_side: str = "right"
     label_position: str = "first"  # token classification: the sub-token of a word that carries its label
-    precision: str = "auto"  # auto | fp32 | bf16 (see above)
+    precision: str = "auto"  # auto | fp32 | bf16 | fp16 (see above)
     checkpoint_every: int = 200
     nan_policy: str = "stop"
     device: str = "auto"  # auto | cpu | cuda
+    lora: LoraConfig | None = None  # e.g. {rank: 8, alpha: 16, target_modules: [q, v]}
+    tensorboard: bool = False  # event files in each run folder's tensorboard/ (pip install 'attnlab[tensorboard]')
+    compile: bool = False  # torch.compile each layer (attnlab.training.speedups)
+    activation_checkpointing: bool = False  # recompute each layer in backward: less memory, one more forward
 
     def __post_init__(self):
         s = "recipe."
@@ -87,6 +96,9 @@ class Recipe:
         choice(s + "precision", self.precision, PRECISIONS)
         choice(s + "nan_policy", self.nan_policy, NAN_POLICIES)
         choice(s + "device", self.device, DEVICES)
+        if self.lora is not None and self.reinit_layers:
+            raise ConfigError(s + "reinit_layers", f"{self.reinit_layers} with recipe.lora: the base weights are "
+                              "frozen under LoRA, so re-initialised layers would stay random; use 0")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Recipe":
@@ -109,8 +121,18 @@ class Recipe:
             "train": {"out_dir": str(out_dir), "max_steps": self.max_steps, "grad_accum": self.grad_accum,
                       "precision": self.precision, "device": self.device, "seed": seed, "log_every": 1,
                       "eval_every": self.max_steps, "checkpoint_every": self.checkpoint_every, "keep_last": 1,
-                      "nan_policy": self.nan_policy, "bleu_samples": 0},
+                      "nan_policy": self.nan_policy, "bleu_samples": 0, "tensorboard": self.tensorboard,
+                      "compile": self.compile, "activation_checkpointing": self.activation_checkpointing},
+            "lora": self._lora_section(),
         })
+
+    def _lora_section(self) -> dict[str, Any] | None:
+        """recipe.lora with the task head (new, randomly initialised) in its train_modules."""
+        if self.lora is None:
+            return None
+        section = to_dict(self.lora)
+        section["train_modules"] = list(dict.fromkeys([*section["train_modules"], "head"]))
+        return section
 
 
 class Finetuner:
@@ -189,10 +211,12 @@ class Finetuner:
 
     @torch.no_grad()
     def predict(self, examples: Sequence[Example], batch_size: int = 64) -> Tensor:
-        """Head outputs for examples, in order: (N, K) logits, or (N,) for regression."""
-        return predict(self.model, self.tokenizer, examples, max_length=self.recipe.max_length,
-                       pad_id=self.pad_id, padding_side=self.recipe.padding_side, batch_size=batch_size,
-                       precision=self.precision)
+        """Head outputs for examples, in order: (N, K) logits, or (N,) for regression (eagerly
+        under recipe.compile: a compiled layer would compile again for eval mode)."""
+        with self.trainer.eager():
+            return predict(self.model, self.tokenizer, examples, max_length=self.recipe.max_length,
+                           pad_id=self.pad_id, padding_side=self.recipe.padding_side, batch_size=batch_size,
+                           precision=self.precision)
 
     def evaluate(self, examples: Sequence[Example], labels: Sequence[int]) -> dict:
         """accuracy, macro-F1, MCC and n (classification); mse (regression)."""

@@ -1,7 +1,7 @@
 """`save(model, path, tokenizer=None)` and `load(path)`: a model as a folder of plain files.
 
     path/
-      config.json         ModelConfig.to_json() — plain data
+      config.json         ModelConfig.to_json() (a ViT's VisionConfig.to_json()) — plain data
       model.safetensors   every tensor once, by its attnlab name; tied tensors stored once
       tokenizer.json      when a tokenizer is given (Hugging Face format)
 
@@ -38,7 +38,8 @@ def save(model: nn.Module, path: str | os.PathLike, tokenizer: Any = None) -> Pa
     """Write `model` (and `tokenizer`) to the folder `path`, atomically.
 
     Args:
-        model: a model from `build_model` / `from_hf` / `load` (it carries `model.config`).
+        model: a model from `build_model` / `from_hf` / `load`, or a `VisionEncoder` (it carries
+            `model.config`).
         path: the folder to write; an existing model folder there is replaced.
         tokenizer: anything with `save(folder)` writing `tokenizer.json` (attnlab's Tokenizer).
 
@@ -46,12 +47,13 @@ def save(model: nn.Module, path: str | os.PathLike, tokenizer: Any = None) -> Pa
         the folder written.
 
     Raises:
-        TypeError: `model` has no ModelConfig, or `tokenizer` has no `save`.
+        TypeError: `model` has no ModelConfig (or VisionConfig), or `tokenizer` has no `save`.
         ValueError: `path` is a file, or a folder attnlab did not write (see `atomic_folder`).
     """
     config = getattr(model, "config", None)
-    if not isinstance(config, ModelConfig):
-        raise TypeError(f"model must be built by attnlab (with a ModelConfig in .config), got {type(model).__name__}")
+    if not isinstance(config, ModelConfig) and not _is_vision(config):
+        raise TypeError(f"model must be built by attnlab (with a ModelConfig or VisionConfig in .config), "
+                        f"got {type(model).__name__}")
     if tokenizer is not None and not callable(getattr(tokenizer, "save", None)):
         raise TypeError(f"tokenizer must have a save(folder) method, got {type(tokenizer).__name__}")
     path = Path(path)
@@ -123,7 +125,7 @@ def _load_model(folder: Path, data: dict) -> nn.Module:
                                     "(expected checkpoints/step-*/)")
         return _load_run(folder, data)
     try:
-        config = ModelConfig.from_dict(data)
+        config = _config_of(data)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{folder / CONFIG}: not an attnlab model config: {err}") from err
     if not (folder / SAFETENSORS).is_file():
@@ -158,19 +160,50 @@ def _build_run_model(run: Path, run_config: dict, checkpoint: Path) -> nn.Module
         raise ValueError(f"{run / CONFIG}: expected the config.json of an `attnlab train` run (with a 'model' "
                          f"section) beside {checkpoint}")
     read_state(checkpoint)  # checks the files' sha256 before anything is loaded
-    return _build(ModelConfig.from_dict(run_config["model"]), checkpoint / SAFETENSORS, keep_dtype=False)
+    lora = (run_config.get("config") or {}).get("lora")  # a LoRA run's checkpoints: base weights + adapters
+    return _build(_config_of(run_config["model"]), checkpoint / SAFETENSORS, keep_dtype=False, lora=lora)
 
 
-def _build(config: ModelConfig, weights: Path, *, keep_dtype: bool) -> nn.Module:
-    """A model built from `config` with the tensors of `weights`, in eval mode; with
-    `keep_dtype`, in the one floating dtype the tensors were saved in."""
+def _is_vision(config: Any) -> bool:
+    """Whether `config` is a ViT's VisionConfig (checked by module, so torch loads only with a model)."""
+    return type(config).__name__ == "VisionConfig" and type(config).__module__ == "attnlab.models.vision"
+
+
+def _config_of(data: dict) -> Any:
+    """The config of a saved model: a VisionConfig for a ViT (`image_size` + `encoder`, no `arch`),
+    else a ModelConfig."""
+    if "arch" not in data and "image_size" in data and "encoder" in data:
+        from attnlab.models.vision import VisionConfig
+
+        return VisionConfig.from_dict(data)
+    return ModelConfig.from_dict(data)
+
+
+def _build(config: Any, weights: Path, *, keep_dtype: bool, lora: dict | None = None) -> nn.Module:
+    """A model built from `config` (a ModelConfig, or a ViT's VisionConfig) with the tensors of
+    `weights`, in eval mode; with `keep_dtype`, in the one floating dtype the tensors were saved in.
+    With `lora` (a run's `lora` section) the weights are base + adapters: loaded wrapped, then
+    merged into plain Linears."""
     from attnlab.models import build_model
 
     state = read_safetensors(weights)
-    model = build_model(config)
+    if _is_vision(config):
+        from attnlab.models.vision import VisionEncoder
+
+        model = VisionEncoder(config)
+    else:
+        model = build_model(config)
+    if lora:
+        from attnlab.nn.lora import add_lora
+
+        add_lora(model, **lora)
     dtypes = {t.dtype for t in state.values() if t.is_floating_point()}
     if keep_dtype and len(dtypes) == 1:
         model = model.to(dtypes.pop())
     load_state(model, state, source=str(weights))
+    if lora:
+        from attnlab.nn.lora import unload_lora
+
+        unload_lora(model, merge=True).requires_grad_(True)
     model.config = config
     return model.eval()

@@ -11,7 +11,7 @@ from torch import nn
 from attnlab.config import ModelConfig
 from attnlab.models.embeddings import Embeddings
 from attnlab.models.heads import (ClassificationHead, LMHead, MLMHead, NSPHead, Pooler, RegressionHead,
-                                  TokenClassificationHead)
+                                  TokenClassificationHead, span_boundary_head)
 from attnlab.models.transformer import Decoder, Encoder, EncoderDecoder
 from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.kernels import KernelSetup, TokenIds, build_kernel, kernel_class
@@ -45,7 +45,8 @@ def _attention(cfg: ModelConfig, *, self_attention: bool, causal: bool = False, 
     if not self_attention and not kernel_class(name).supports.cross_attention:
         name, options = "auto", None  # a self-attention-only kernel: cross-attention takes the default
     # built first, then positions and score: the order their parameters draw their initial values in
-    kernel = build_kernel(name, options, KernelSetup(cfg.num_heads, head_dim, layer, token_ids))
+    kernel = build_kernel(name, options, KernelSetup(cfg.num_heads, head_dim, layer, token_ids,
+                                                     num_kv_heads=cfg.resolved_num_kv_heads))
     positions = {}
     if self_attention:
         for where in ("rotary", "relative"):
@@ -175,6 +176,8 @@ def build_model(config: ModelConfig) -> nn.Module:
                         head=_head(cfg, token), classifier_pooling=cfg.classifier_pooling,
                         pooler=Pooler(cfg.d_model) if cfg.pooler else None,
                         nsp_head=NSPHead(cfg.d_model) if cfg.nsp_head else None)
+        if cfg.sbo_head:  # SpanBERT's span-boundary head, sharing the MLM head's output matrix
+            model.sbo_head = span_boundary_head(cfg, model.head)
     else:
         src_token = token if cfg.share_embeddings else nn.Embedding(cfg.resolved_src_vocab_size, cfg.token_dim)
         ids, dec_ids = _token_ids(cfg), _token_ids(cfg)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.nn.activations import activation_fn
@@ -160,3 +161,73 @@ class RegressionHead(ClassificationHead):
 class TokenClassificationHead(DropoutLinear):
     """Dropout + linear on every position (B, T, D) -> (B, T, num_labels) (BERT's NER head); not a
     ClassificationHead, so the stack does not pool before it."""
+
+
+class SpanBoundaryHead(VocabularyHead):
+    """SpanBERT's span-boundary objective (SBO; Joshi et al. 2020, https://arxiv.org/abs/1907.10529,
+    3.2), beside the MLM head: each token x_i of a masked span x_s..x_e is predicted from the
+    encodings of the two tokens just outside the span and the embedding of its place in it:
+
+        h0 = [x_{s-1}; x_{e+1}; p_{i-s+1}]        (3 D)
+        h1 = LayerNorm(GELU(W1 h0 + b1))           (D)
+        y  = LayerNorm(GELU(W2 h1 + b2))           (D)
+        logits = y W_out^T + b                     W_out: the MLM head's output matrix (the token
+                                                   embedding when tied), b: the head's own bias
+
+    Position p_1 is the span's first token; tokens past `max_span` take the last embedding.
+
+    Args:
+        d_model: D.
+        vocab_size: V.
+        max_span: rows of the position table (tokens into a span).
+        output: the MLM head's output layer, whose weight is shared (None: a matrix of its own).
+        norm_eps: the LayerNorms' epsilon.
+    """
+
+    def __init__(self, d_model: int, vocab_size: int, *, max_span: int, output: nn.Linear | None = None,
+                 norm_eps: float = 1e-5):
+        super().__init__()
+        self.position = nn.Embedding(max_span, d_model)
+        self.dense1 = nn.Linear(3 * d_model, d_model)
+        self.norm1 = nn.LayerNorm(d_model, eps=norm_eps)
+        self.dense2 = nn.Linear(d_model, d_model)
+        self.norm2 = nn.LayerNorm(d_model, eps=norm_eps)
+        self.decoder = nn.Linear(d_model, vocab_size, bias=True)
+        if output is not None:
+            self.decoder.weight = output.weight
+
+    def output_layer(self) -> nn.Linear:
+        return self.decoder
+
+    def transform(self, hidden: Tensor, span_left: Tensor | None = None, span_right: Tensor | None = None) -> Tensor:
+        """y (N, D) for the N targets: the positions with span_left >= 0, in row-major order (the
+        order of `hidden[span_left >= 0]`).
+
+        Args:
+            hidden: (B, T, D) the encoder's last hidden states.
+            span_left, span_right: (B, T) the positions s - 1 and e + 1 of each target's span, -1
+                where a position is no target (`attnlab.data.objectives.span_boundaries`).
+
+        Raises:
+            ValueError: missing or mis-shaped boundaries.
+        """
+        if span_left is None or span_right is None or span_left.shape != hidden.shape[:2] \
+                or span_right.shape != hidden.shape[:2]:
+            raise ValueError(f"span_left and span_right must be (B, T) = {tuple(hidden.shape[:2])} position tensors")
+        rows, cols = (span_left >= 0).nonzero(as_tuple=True)  # (N,) each
+        left, right = span_left[rows, cols], span_right[rows, cols]
+        place = (cols - left - 1).clamp(max=self.position.num_embeddings - 1)  # i - s: p_{i-s+1} is row i - s
+        h = torch.cat([hidden[rows, left], hidden[rows, right], self.position(place).to(hidden.dtype)], -1)
+        h = self.norm1(F.gelu(self.dense1(h)))
+        return self.norm2(F.gelu(self.dense2(h)))  # (N, D)
+
+    def forward(self, hidden: Tensor, span_left: Tensor, span_right: Tensor) -> Tensor:
+        """(N, V) logits of the N targets (see `transform`)."""
+        return self.decoder(self.transform(hidden, span_left, span_right))
+
+
+def span_boundary_head(config, mlm_head: MLMHead) -> SpanBoundaryHead:
+    """The SBO head of a ModelConfig with `sbo_head=True` (d_model, vocab_size, sbo_max_span,
+    norm_eps), sharing `mlm_head`'s output matrix."""
+    return SpanBoundaryHead(config.d_model, config.vocab_size, max_span=config.sbo_max_span,
+                            output=mlm_head.output_layer(), norm_eps=config.norm_eps)

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from attnlab.models.embeddings import Embeddings
 from attnlab.models.heads import ClassificationHead, pool
 from attnlab.nn.layers import TransformerLayer
 from attnlab.nn.kv_cache import KVCache, SegmentMemory, Step
-from attnlab.nn.masks import causal_mask, padding_mask, positions_from_mask, prefix_lm_mask
+from attnlab.nn.masks import (causal_mask, combine, document_mask, padding_mask, positions_from_documents,
+                              positions_from_mask, prefix_lm_mask)
 from attnlab.nn.norms import apply_norm
 
 
@@ -54,6 +56,10 @@ class TransformerStack(nn.Module):
     """Embeddings, layers and a final norm; `features` runs them. Subclasses add the head."""
 
     causal = False
+    # True: in a pass that records gradients, keep each layer's input only and recompute the layer
+    # in backward (memory of one layer's activations, not N, for about one more forward); set by
+    # the trainer (train.activation_checkpointing)
+    activation_checkpointing = False
 
     def __init__(self, embed: Embeddings, layers: list[TransformerLayer], *, final_norm: nn.Module | None = None,
                  position_bias: nn.Module | None = None, head: nn.Module | None = None,
@@ -94,7 +100,7 @@ class TransformerStack(nn.Module):
                  position_ids: Tensor | None = None, token_type_ids: Tensor | None = None,
                  prefix_lengths: Tensor | None = None, memory: Tensor | None = None,
                  memory_mask: Tensor | None = None, cache: KVCache | None = None,
-                 mems: SegmentMemory | None = None) -> Tensor:
+                 mems: SegmentMemory | None = None, document_ids: Tensor | None = None) -> Tensor:
         """Last hidden states (B, T, D).
 
         With a `cache` (decoders), `input_ids` are the new tokens only, `attention_mask` covers
@@ -102,9 +108,15 @@ class TransformerStack(nn.Module):
         With `mems` (decoders; Transformer-XL), the segment attends over the memory's M earlier
         positions too and the memory advances in place (`attnlab.nn.kv_cache.SegmentMemory`);
         with a cache as well (its first call only), the memory's keys/values are cached first.
+        With `document_ids` (B, T) (decoders; rows packed with several documents, data.pack
+        'document_masked'), a token attends within its own document only and positions restart at
+        0 at each document's start (`attnlab.nn.masks.document_mask`, `positions_from_documents`).
         """
         past = cache.length if cache is not None else 0
         B, T = _check_ids("input_ids", input_ids, self.vocab_size)
+        if document_ids is not None:
+            self._check_documents(document_ids, B, T, incremental=cache is not None or mems is not None
+                                  or prefix_lengths is not None)
         held = self._check_mems(mems, B, past, attention_mask, prefix_lengths) if mems is not None else 0
         if attention_mask is not None and tuple(attention_mask.shape) != (B, past + T):
             raise ValueError(f"attention_mask must have shape (B, past + T) = {(B, past + T)}, "
@@ -113,7 +125,9 @@ class TransformerStack(nn.Module):
             raise ValueError(f"the KV cache holds {cache.max_len} positions; {past + held + T} requested "
                              "(create the cache with a larger max_len)")
         if position_ids is None:
-            if attention_mask is not None:
+            if document_ids is not None:
+                position_ids = positions_from_documents(document_ids)
+            elif attention_mask is not None:
                 position_ids = positions_from_mask(attention_mask)[:, past:]
             else:
                 position_ids = torch.arange(past + held, past + held + T, device=input_ids.device)[None]
@@ -121,19 +135,41 @@ class TransformerStack(nn.Module):
         if cache is not None:
             key_positions = cache.track_positions(key_positions.expand(B, -1))
         mask = self.self_mask(T, attention_mask, prefix_lengths, past + held)
+        if document_ids is not None:  # block-diagonal: each document causal on its own
+            mask = combine(document_mask(document_ids), mask)
         bias = self.position_bias(position_ids, key_positions) if self.position_bias is not None else None
         if memory_mask is not None and (memory is None or memory_mask.shape != memory.shape[:2]):
             raise ValueError(f"memory_mask must be (B, S) matching memory {tuple(memory.shape[:2]) if memory is not None else None}, "
                              f"got {tuple(memory_mask.shape)}")
         cross_mask = padding_mask(memory_mask) if memory_mask is not None else None
+        recompute = self.activation_checkpointing and torch.is_grad_enabled() and cache is None  # (a cache fills once)
         h = self.embed(input_ids, position_ids, token_type_ids)
         for i, layer in enumerate(self.layers):
             mem = mems.exchange(i, h) if mems is not None else None  # layer i's memory; h joins the next one
+            if recompute:  # the same call, its dropout masks drawn again from the saved RNG state in backward
+                h = checkpoint(layer, h, mask, bias=bias, positions=position_ids, key_positions=key_positions,
+                               memory=memory, memory_mask=cross_mask, mem=mem, use_reentrant=False)
+                continue
             h = layer(h, mask, bias=bias, positions=position_ids, key_positions=key_positions, memory=memory,
                       memory_mask=cross_mask, cache=cache.layer(i) if cache is not None else None, mem=mem)
         if mems is not None:
             mems.commit()
         return self.final_norm(h) if self.final_norm is not None else h
+
+    def _check_documents(self, document_ids: Tensor, B: int, T: int, incremental: bool) -> None:
+        """Refuse document ids where a per-row block-diagonal mask cannot apply."""
+        if not isinstance(document_ids, Tensor) or tuple(document_ids.shape) != (B, T):
+            shape = tuple(document_ids.shape) if isinstance(document_ids, Tensor) else type(document_ids).__name__
+            raise ValueError(f"document_ids must have shape (B, T) = {(B, T)}, got {shape}")
+        if not self.causal or incremental:
+            raise ValueError("document_ids mark the documents packed in whole rows of a decoder (training, "
+                             "scoring); they do not apply to an encoder, a KV cache, a segment memory or "
+                             "prefix_lengths")
+        sparse = sorted({layer.self_attn.kernel.name for layer in self.layers
+                         if layer.self_attn.kernel.supports.pattern})
+        if sparse:
+            raise ValueError(f"document_ids need an attention kernel that takes a dense mask; "
+                             f"attention.kernel {', '.join(sparse)} applies its own sparse pattern")
 
     def _check_mems(self, mems: SegmentMemory, B: int, past: int, attention_mask: Tensor | None,
                     prefix_lengths: Tensor | None) -> int:
@@ -229,7 +265,8 @@ class Decoder(TransformerStack):
     makes the first positions bidirectional (prefix LM). With a `KVCache`, pass only the new
     tokens (and a mask over cached + new ones): the result holds their logits only. With a
     `SegmentMemory` (`mems`, or `segment`), a segment also attends over the previous segments'
-    layer inputs (Transformer-XL; `memory_len`).
+    layer inputs (Transformer-XL; `memory_len`). `document_ids` (B, T) keep the documents packed
+    in a row apart: no attention across them, positions from 0 in each (data.pack 'document_masked').
     """
 
     causal = True
@@ -237,9 +274,11 @@ class Decoder(TransformerStack):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, *,
                 position_ids: Tensor | None = None, prefix_lengths: Tensor | None = None,
                 memory: Tensor | None = None, memory_mask: Tensor | None = None,
-                cache: KVCache | None = None, mems: SegmentMemory | None = None) -> Tensor:
+                cache: KVCache | None = None, mems: SegmentMemory | None = None,
+                document_ids: Tensor | None = None) -> Tensor:
         hidden = self.features(input_ids, attention_mask, position_ids=position_ids, prefix_lengths=prefix_lengths,
-                               memory=memory, memory_mask=memory_mask, cache=cache, mems=mems)
+                               memory=memory, memory_mask=memory_mask, cache=cache, mems=mems,
+                               document_ids=document_ids)
         return self.apply_head(hidden, attention_mask)
 
     def segment(self, input_ids: Tensor, mems: list[Tensor] | None = None, *, mem_len: int | None = None,

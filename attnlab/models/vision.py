@@ -45,7 +45,7 @@ POOLINGS = ("first", "mean")  # [CLS], or the mean over the patch tokens (ViT's 
 # ModelConfig fields about tokens that an image model has no place for: refused when set, so a
 # config never promises a module that is not there (vocab_size, pad_token_id and the token
 # embedding's scale are simply unused).
-_TOKEN_ONLY = {"type_vocab_size": 0, "pooler": False, "nsp_head": False, "embedding_scale": False}
+_TOKEN_ONLY = {"type_vocab_size": 0, "pooler": False, "nsp_head": False, "sbo_head": False, "embedding_scale": False}
 
 
 def default_encoder(num_labels: int = 10) -> ModelConfig:

@@ -84,7 +84,9 @@ class MultiHeadAttention(nn.Module):
         self.score = score if score is not None else ScaledDot()
         values_term = relative is not None and relative.value_table is not None
         if isinstance(kernel, str):
-            kernel = build_kernel(kernel, setup=KernelSetup(num_heads, self.head_dim))
+            # G too: a kernel with parameters per key/value head (a convolution compressing them) holds G of them
+            setup = KernelSetup(num_heads, self.head_dim, num_kv_heads=self.num_kv_heads)
+            kernel = build_kernel(kernel, setup=setup)
         kernel = kernel.resolve(fused_score=self.score.fused, value_term=values_term)
         if not kernel.supports.any_score and not self.score.fused:
             raise ValueError(f"kernel={kernel.name!r} needs a dot-product-shaped score, "

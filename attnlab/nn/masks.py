@@ -63,3 +63,33 @@ def window_mask(t: int, window: int, *, causal: bool = False, device: torch.devi
     pos = torch.arange(t, device=device)
     d = pos[:, None] - pos[None, :]  # query minus key
     return (d <= window) & (d >= (0 if causal else -window))
+
+
+def document_mask(document_ids: Tensor, *, causal: bool = True) -> Tensor:
+    """(B, T) document ids of packed rows -> (B, 1, T, T): a query may attend to the keys of its
+    own document only (and, causal, to none after it), so no token sees across a boundary.
+    A document is a run of equal ids; give neighbouring documents different ids.
+
+    >>> document_mask(torch.tensor([[0, 0, 1]])).int()[0, 0].tolist()
+    [[1, 0, 0], [1, 1, 0], [0, 0, 1]]
+    """
+    if document_ids.dim() != 2:
+        raise ValueError(f"document_ids must have shape (B, T), got {tuple(document_ids.shape)}")
+    same = document_ids[:, :, None] == document_ids[:, None, :]  # (B, Tq, Tk)
+    if causal:
+        same = same & causal_mask(document_ids.shape[1], device=document_ids.device)
+    return same[:, None]
+
+
+def positions_from_documents(document_ids: Tensor) -> Tensor:
+    """(B, T) position ids that restart at 0 where a new document starts (where the id changes),
+    so a document packed at any offset sees the positions it would see alone at a row's start:
+    [7, 7, 7, 8, 8, 9] -> [0, 1, 2, 0, 1, 0]."""
+    if document_ids.dim() != 2:
+        raise ValueError(f"document_ids must have shape (B, T), got {tuple(document_ids.shape)}")
+    B, T = document_ids.shape
+    index = torch.arange(T, device=document_ids.device).expand(B, T)
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    first = torch.where(starts, index, 0).cummax(-1).values  # (B, T) index of each token's document start
+    return index - first

@@ -3,7 +3,8 @@
     cfg = TrainConfig.from_dict(load_config_file("examples/shakespeare_char.yaml"))
     cfg = load_config(TrainConfig, "run.yaml", ["model.num_layers=4", "optim.lr=3e-4"])
 
-A config file has five sections: `model`, `data`, `optim`, `schedule` and `train`. The `model`
+A config file has five sections: `model`, `data`, `optim`, `schedule` and `train`, and an
+optional sixth, `lora` (train low-rank adapters instead of the model's weights; LoraConfig). The `model`
 section is a preset name under `preset` plus any `ModelConfig` field (nested fields merge into
 the preset's), or `init_from` (a pretrained folder, see attnlab.training.init); on load it becomes
 a typed `TrainModelConfig`. What the data decides is filled in two steps:
@@ -18,18 +19,21 @@ Unknown keys, wrong types and values out of range are errors naming the dotted f
 from __future__ import annotations
 
 import dataclasses
+import re
 import warnings
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from attnlab import presets
 from attnlab.config import ModelConfig
 from attnlab.config.load import apply_overrides, from_dict, load_config, load_config_file, merge, parse_value, to_dict
-from attnlab.config.validate import ConfigError, check_types, choice, in_range, non_negative, positive
+from attnlab.config.validate import (ConfigError, ConfigTypeError, check_types, choice, in_range, non_negative,
+                                     positive, probability)
+from attnlab.data.packing import PACKINGS  # plain | document_masked | pad (data.pack)
 from attnlab.training.objectives import OBJECTIVES
-from attnlab.training.precision import PRECISIONS  # auto | fp32 | bf16 (resolved where a run starts)
+from attnlab.training.precision import PRECISIONS  # auto | fp32 | bf16 | fp16 (resolved where a run starts)
 
-__all__ = ["DataConfig", "OptimConfig", "RunConfig", "ScheduleConfig", "TokenizerConfig", "TrainConfig",
+__all__ = ["DataConfig", "LoraConfig", "OptimConfig", "RunConfig", "ScheduleConfig", "TokenizerConfig", "TrainConfig",
            "TrainModelConfig", "apply_overrides", "load_config", "load_config_file", "objective_fields", "parse_value"]
 
 TOKENIZER_KINDS = ("char", "bpe", "wordpiece", "word")
@@ -86,7 +90,14 @@ class TokenizerConfig:
 class DataConfig:
     """source: a built-in corpus (`shakespeare`, `de-en`, `python-docs`) or a path; valid: a
     path for validation (built-in corpora bring their own split), or valid_fraction: that share
-    of your source held out for validation instead (how: attnlab.training.pipeline.SourceSplit)."""
+    of your source held out for validation instead (how: attnlab.training.pipeline.SourceSplit).
+
+    pack (causal_lm): how documents fill the rows of seq_len tokens (attnlab.data.packing).
+    `plain` cuts windows anywhere in the stream of documents joined by EOS, each token attending
+    to all before it, across documents; `document_masked` cuts the same windows but keeps the
+    documents apart (no attention across a boundary, positions from 0 in each, no loss on the
+    prediction across a boundary; the decoder takes `document_ids`); `pad` puts one document
+    (or a piece of a long one) per row, padded. `check_model` says which models take it."""
 
     source: str = "shakespeare"
     valid: str | None = None
@@ -94,11 +105,13 @@ class DataConfig:
     objective: str = "causal_lm"  # a key of attnlab.training.objectives.OBJECTIVES
     seq_len: int = 256
     batch_size: int = 32
+    pack: str = "plain"  # causal_lm rows: plain | document_masked | pad (see the docstring)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     mask_prob: float = 0.15  # masked_lm, span_masked_lm
     whole_word_mask: bool = False  # masked_lm (words as attnlab.tokenizers.boundaries finds them)
     span_words_p: float = 0.2  # span_masked_lm: geometric p of a span's length in words (SpanBERT)
     max_span_words: int = 10  # span_masked_lm: the longest span, in words
+    span_boundary: bool = False  # span_masked_lm: SpanBERT's span-boundary objective too (loss = MLM + SBO; model.sbo_head)
     nsp: bool = False  # masked_lm: BERT's next-sentence prediction on [CLS] A [SEP] B [SEP] pairs
     noise_density: float = 0.15  # span_corruption
     mean_span_length: float = 3.0  # span_corruption
@@ -131,6 +144,39 @@ class DataConfig:
         in_range(s + "mean_span_length", self.mean_span_length, 1)
         in_range(s + "span_words_p", self.span_words_p, 0, 1, low_open=True)
         positive(s + "max_span_words", self.max_span_words, integer=True)
+        if self.span_boundary and not objective.span_boundary:
+            fits = " or ".join(repr(name) for name, spec in OBJECTIVES.items() if spec.span_boundary)
+            raise ConfigError(s + "span_boundary", f"true needs data.objective={fits} (the SBO predicts a masked "
+                              f"span's tokens from its boundaries); objective {self.objective!r} masks no spans")
+        choice(s + "pack", self.pack, PACKINGS)
+        if self.pack != "plain" and self.objective != "causal_lm":
+            raise ConfigError(s + "pack", f"{self.pack!r} packs causal-LM rows: it needs data.objective='causal_lm', "
+                              f"got {self.objective!r} (other objectives take data.pack='plain')")
+
+    def check_model(self, model: ModelConfig) -> None:
+        """What data.pack asks of the model (called where both sections are known): `pad` and
+        `document_masked` make rows, which a segment memory (model.memory_len, read as a stream of
+        consecutive segments) would not see; `document_masked` needs a kernel that takes a dense
+        per-row mask (auto, sdpa, eager), not one with its own sparse pattern (Supports.pattern).
+        Every position scheme restarts per document: absolute ones (sinusoidal, learned, binary)
+        and rotary by the position ids, relative ones (relative, alibi, t5_bias) inside the
+        block-diagonal mask.
+
+        Raises:
+            ConfigError: naming data.pack and the model field in the way.
+        """
+        if self.pack == "plain":
+            return
+        if model.memory_len:
+            raise ConfigError("data.pack", f"{self.pack!r} makes rows, but model.memory_len={model.memory_len} reads "
+                              "the data as consecutive segments of a stream; use data.pack='plain' or memory_len 0")
+        from attnlab.nn.kernels import KERNELS  # the model's registry, read only here
+
+        if self.pack == "document_masked" and KERNELS[model.attention.kernel].supports.pattern:
+            dense = ", ".join(n for n, k in KERNELS.items() if k.supports.causal and not k.supports.pattern)
+            raise ConfigError("data.pack", f"'document_masked' needs an attention kernel that takes a dense mask "
+                              f"({dense}); attention.kernel={model.attention.kernel!r} applies its own sparse "
+                              "pattern")
 
     def _check_bpe_size(self) -> None:
         """A byte-level BPE holds the 256 bytes and the objective's special tokens before any
@@ -191,14 +237,65 @@ class ScheduleConfig:
 
 
 @dataclass
+class LoraConfig:
+    """The `lora` section: low-rank adapters train instead of the model's weights (Hu et al. 2021,
+    https://arxiv.org/abs/2106.09685; attnlab.nn.lora). The model is wrapped once it is built or
+    loaded (model.init_from) and before the optimizer is made; every base weight is frozen except
+    those of train_modules. The run folder gets OUT/adapter/ (the adapters alone) and OUT/merged/
+    (the model with the adapters merged in, an attnlab.save folder) (attnlab.training.adapters).
+
+    rank: r of each adapter; alpha: its update is scaled by alpha / rank; dropout: on the adapters'
+    input while training. target_modules: the Linears to adapt, each a name matched at its end
+    (`q`, `k`, `v`: an attention's projections inside its fused qkv_proj; `out_proj`, `w1`, `w2`,
+    or the whole fused `qkv_proj`) or a regular expression over the whole name (`layers\\.[01]\\..*\\.q`).
+    train_modules: modules trained in full beside the adapters (a new task head: `head`; fine-tuning
+    adds it itself).
+    """
+
+    SECTION: ClassVar[str] = "lora"  # where its errors are reported from (moved under `recipe.lora` there)
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q", "v"])
+    train_modules: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        s = "lora."
+        try:
+            check_types(self, "lora")
+        except ConfigTypeError as err:  # as a plain ConfigError: `lora: LoraConfig | None` would hide the field
+            raise ConfigError(err.path, err.problem) from None
+        positive(s + "rank", self.rank, integer=True)
+        positive(s + "alpha", self.alpha)
+        probability(s + "dropout", self.dropout)
+        if not self.target_modules:
+            raise ConfigError(s + "target_modules", "expected at least one module name (e.g. [q, v]), got []")
+        for name in ("target_modules", "train_modules"):
+            for i, pattern in enumerate(getattr(self, name)):
+                _check_pattern(f"{s}{name}[{i}]", pattern)
+
+
+def _check_pattern(path: str, pattern: str) -> None:
+    """A module name (letters, digits, `_`, `.`) or a regular expression that compiles."""
+    if not pattern:
+        raise ConfigError(path, "expected a module name or a regular expression, got ''")
+    if re.fullmatch(r"[\w.]+", pattern) is None:
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise ConfigError(path, f"{pattern!r} is not a valid regular expression ({err})") from None
+
+
+@dataclass
 class RunConfig:
-    """The loop: steps, precision, evaluation, checkpoints, stopping."""
+    """The loop: steps, precision, evaluation, checkpoints, stopping; speed and memory switches
+    (`compile`, `activation_checkpointing`) and TensorBoard logging (see attnlab.training.trainer)."""
 
     out_dir: str = "runs/run"
     max_steps: int = 1000
     max_minutes: float | None = None  # stop (and checkpoint) after this wall-clock time
     grad_accum: int = 1
-    precision: str = "auto"  # bf16 where the device runs it natively, else fp32 (attnlab.training.precision)
+    precision: str = "auto"  # bf16 where native, else fp32; or bf16 | fp16 (loss-scaled) | fp32 (training.precision)
     device: str = "auto"
     seed: int = 0
     log_every: int = 10
@@ -210,10 +307,13 @@ class RunConfig:
     nan_policy: str = "stop"
     bleu_samples: int = 200  # seq2seq: sentences decoded for BLEU/chrF at each evaluation
     threads: int | None = None  # torch.set_num_threads; None = leave as is
+    compile: bool = False  # torch.compile each transformer layer (compile time in the log and summary)
+    activation_checkpointing: bool = False  # keep each layer's input only; recompute it in backward
+    tensorboard: bool = False  # event files in OUT/tensorboard/ (pip install 'attnlab[tensorboard]')
 
     def __post_init__(self) -> None:
         s = "train."
-        check_types(self, "train")
+        check_types(self, "train")  # compile, activation_checkpointing, tensorboard: bools
         for name in ("max_steps", "grad_accum", "log_every", "eval_every", "eval_batches", "checkpoint_every",
                      "keep_last"):
             positive(s + name, getattr(self, name), integer=True)
@@ -227,7 +327,7 @@ class RunConfig:
         choice(s + "nan_policy", self.nan_policy, NAN_POLICIES)
 
 
-def objective_fields(objective: str, nsp: bool, arch: str) -> dict[str, Any]:
+def objective_fields(objective: str, nsp: bool, arch: str, span_boundary: bool = False) -> dict[str, Any]:
     """The model fields a pretraining objective decides (`Objective.model_fields`): the stack
     (arch) and its head, and with NSP BERT's segment embeddings, pooler and next-sentence
     classifier. A recurrent encoder-decoder stays one (it trains on the encoder-decoder objectives).
@@ -241,7 +341,7 @@ def objective_fields(objective: str, nsp: bool, arch: str) -> dict[str, Any]:
             fits = " or ".join(repr(name) for name, o in OBJECTIVES.items() if o.arch == "encoder_decoder")
             raise ConfigError("model.arch", f"'rnn_encoder_decoder' needs data.objective {fits}, got {objective!r}")
         return {"head": spec.head}
-    return spec.model_fields(nsp)
+    return spec.model_fields(nsp, span_boundary)
 
 
 @dataclass
@@ -253,15 +353,17 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: RunConfig = field(default_factory=RunConfig)
+    lora: LoraConfig | None = None  # train low-rank adapters instead of the weights (LoraConfig)
 
     def __post_init__(self) -> None:
         check_types(self)
-        implied = objective_fields(self.data.objective, self.data.nsp, self.model.arch)
+        implied = objective_fields(self.data.objective, self.data.nsp, self.model.arch, self.data.span_boundary)
         if any(getattr(self.model, k) != v for k, v in implied.items()):  # a typed model built in Python
             try:
                 self.model = self.model.replace(**implied)
             except ConfigError as err:
                 raise err.moved("", "model") from None
+        self.data.check_model(self.model)  # data.pack against the kernel and memory_len
         if self.model.add_special_tokens and not self.model.init_from:
             raise ConfigError("model.add_special_tokens", "needs model.init_from (tokens are added to a pretrained "
                               "model's tokenizer); a tokenizer trained by the run takes its tokens from the data")
@@ -286,8 +388,9 @@ class TrainConfig:
         objective, nsp = section.get("objective", DataConfig.objective), section.get("nsp", DataConfig.nsp)
         arch = model.get("arch", ModelConfig.arch)
         known = isinstance(objective, str) and objective in OBJECTIVES  # a list is unhashable: the type check says so
-        if known and isinstance(nsp, bool) and arch != "rnn_encoder_decoder":
-            model = {**model, **objective_fields(objective, nsp, arch)}  # anything else: __post_init__ says why
+        sbo = section.get("span_boundary", DataConfig.span_boundary)
+        if known and isinstance(nsp, bool) and isinstance(sbo, bool) and arch != "rnn_encoder_decoder":
+            model = {**model, **objective_fields(objective, nsp, arch, sbo)}  # anything else: __post_init__ says why
         return {**data, "model": model}
 
     @classmethod

@@ -18,11 +18,17 @@ Radford et al. 2018, sec. 3.3) to the tokenizer and grows the token embedding (a
 untied output head) by one row each, initialised to the mean of the existing rows: a new token
 starts as the "average token", which keeps the first logits and losses close to the pretrained
 model's (Hewitt 2021, "Initializing new word embeddings for pretrained language models").
+
+With a `lora` section the Trainer wraps the model with adapters after this (attnlab.training.adapters);
+here its target_modules are checked against the model before any data is prepared (a pattern that
+matches nothing is a ConfigError naming it), and a run with `lora` but no init_from is warned
+about: its base weights would stay at their random initialisation.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -31,6 +37,7 @@ from torch import nn
 
 from attnlab.config import ModelConfig
 from attnlab.io.files import read_json
+from attnlab.training.adapters import check_lora_targets
 from attnlab.training.config import TrainConfig, objective_fields
 from attnlab.training.pipeline import Pipeline
 from attnlab.training.pretrain import PretrainTask
@@ -50,6 +57,7 @@ def pretrain_setup(config: TrainConfig, out: Path, *, pipeline: Pipeline | None 
         if config.model.add_special_tokens:
             tokenizer, model = add_special_tokens(tokenizer, model, list(config.model.add_special_tokens))
         log(f"model.init_from: {init_from} ({model.config.arch}, vocabulary {model.config.vocab_size})")
+    _check_lora_early(config, model)
     if pipeline is None:
         pipeline = Pipeline.build(config.data, out, show_progress=show_progress, tokenizer=tokenizer)
     if model is None:
@@ -57,11 +65,32 @@ def pretrain_setup(config: TrainConfig, out: Path, *, pipeline: Pipeline | None 
 
         model_cfg = config.model_config()
         model = build_model(model_cfg.replace(**pipeline.model_overrides(model_cfg.arch)))
+        if config.lora is not None:
+            warnings.warn("lora without model.init_from: the adapters train over randomly initialised base "
+                          "weights, which stay frozen; set model.init_from to a pretrained model", UserWarning,
+                          stacklevel=3)
     elif init_from:
         check_fits(model, pipeline)
     if getattr(model.config, "memory_len", 0):  # Transformer-XL: consecutive segments, the memory carried
         return _recurrence_task(config, pipeline), model
     return PretrainTask(pipeline, eval_batches=config.train.eval_batches, bleu_samples=config.train.bleu_samples), model
+
+
+def _check_lora_early(config: TrainConfig, model: nn.Module | None) -> None:
+    """The `lora` section's target_modules against the model (the given or loaded one, else the
+    config's built on the meta device) before the data is prepared: the Trainer wraps it later.
+
+    Raises:
+        ConfigError: naming `lora.target_modules` and the pattern that fits nothing.
+    """
+    if config.lora is None:
+        return
+    if model is None:
+        from attnlab.models import build_model
+
+        with torch.device("meta"):  # names and shapes only: no memory, no initialisation
+            model = build_model(config.model_config())
+    check_lora_targets(model, config.lora)
 
 
 def _recurrence_task(config: TrainConfig, pipeline: Pipeline):

@@ -5,6 +5,7 @@ in the pure functions of attnlab.data.objectives; a spec chooses the windows the
     spec = OBJECTIVES["masked_lm"]
     spec.special_tokens("wordpiece")             # what a tokenizer trained for it reserves
     spec.model_fields(nsp=False)                 # {"arch": "encoder", "head": "mlm"}
+    OBJECTIVES["span_masked_lm"].model_fields(nsp=False, span_boundary=True)  # ... and "sbo_head": True
     spec.train_batch(cfg, tok, files, generator) # one batch from the token files
     spec.eval_batches(cfg, tok, files, 20)       # the same validation batches every time
 
@@ -45,6 +46,7 @@ class Objective:
         eos_between_documents: the token files end each document with the tokenizer's EOS (packed
             LM windows then see where one document stops).
         next_sentence: data.nsp may add BERT's next-sentence task.
+        span_boundary: data.span_boundary may add SpanBERT's span-boundary objective (SBO).
         bleu: validation also decodes pairs for BLEU/chrF (train.bleu_samples).
     """
 
@@ -53,15 +55,20 @@ class Objective:
     pairs: ClassVar[bool] = False
     eos_between_documents: ClassVar[bool] = False
     next_sentence: ClassVar[bool] = False
+    span_boundary: ClassVar[bool] = False
     bleu: ClassVar[bool] = False
 
     def special_tokens(self, tokenizer_kind: str) -> list[str]:
         """The special tokens a tokenizer trained for this objective reserves."""
         raise NotImplementedError
 
-    def model_fields(self, nsp: bool) -> dict[str, Any]:
-        """The model fields this objective decides (with `nsp`, BERT's NSP parts too)."""
-        return {"arch": self.arch, "head": self.head, **(NSP_FIELDS if nsp and self.next_sentence else {})}
+    def model_fields(self, nsp: bool, span_boundary: bool = False) -> dict[str, Any]:
+        """The model fields this objective decides (with `nsp`, BERT's NSP parts too; with
+        `span_boundary`, SpanBERT's SBO head)."""
+        fields = {"arch": self.arch, "head": self.head, **(NSP_FIELDS if nsp and self.next_sentence else {})}
+        if span_boundary and self.span_boundary:
+            fields["sbo_head"] = True
+        return fields
 
     def train_batch(self, cfg: Any, tok: Any, files: Any, generator: torch.Generator) -> dict[str, Tensor]:
         """One batch of `cfg.batch_size` rows drawn from `files` with `generator`."""
@@ -148,12 +155,13 @@ class SpanMaskedLM(Objective):
     """SpanBERT's span masking: spans of whole words (geometric lengths, data.span_words_p and
     data.max_span_words) masked up to data.mask_prob of the tokens, 80/10/10 per span.
 
-    SpanBERT's span-boundary objective (SBO) is not here: its head (the two boundary encodings
-    and a position embedding -> 2-layer FFN) has weights that a checkpoint must hold, and a run's
-    checkpoints are loaded strictly into the model its saved ModelConfig builds (`attnlab eval`,
-    `attnlab convert`), which has no such head: it would take a ModelConfig field, as `nsp_head`."""
+    With data.span_boundary, also SpanBERT's span-boundary objective (SBO): each masked token is
+    predicted again from the encodings just outside its span and its place in it, by the model's
+    SBO head (ModelConfig.sbo_head, `attnlab.models.heads.SpanBoundaryHead`, which checkpoints
+    hold like any head); the batches carry `span_left` and `span_right` and the loss is MLM + SBO."""
 
     arch, head = "encoder", "mlm"
+    span_boundary = True
 
     def special_tokens(self, tokenizer_kind: str) -> list[str]:
         return ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -163,7 +171,8 @@ class SpanMaskedLM(Objective):
         return batches.span_masked_lm(ids, generator, vocab_size=tok.vocab_size, mask_id=tok.mask_token_id,
                                       special_ids=tok.all_special_ids, word_starts=word_starts(tok, ids),
                                       mask_prob=cfg.mask_prob, geometric_p=cfg.span_words_p,
-                                      max_span_words=cfg.max_span_words)
+                                      max_span_words=cfg.max_span_words,
+                                      span_boundary=getattr(cfg, "span_boundary", False))
 
 
 class SpanCorruption(Objective):

@@ -5,7 +5,8 @@
     for batch in pipe.eval_batches(20): ...          # the same batches at every evaluation
 
 What differs between objectives (special tokens, text or pairs, the batches) is the objective's
-spec in attnlab.training.objectives; nothing here names an objective.
+spec in attnlab.training.objectives; nothing here names an objective. Causal-LM rows packed
+otherwise than plainly (`data.pack` `document_masked` or `pad`) come from attnlab.data.packing.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
+from attnlab.data import packing
 from attnlab.data.sources import is_pairs_source, read_pairs, read_pieces, resolve_source
 from attnlab.data.tokenized import TokenFile
 from attnlab.io.cache import cache_dir
@@ -313,6 +315,8 @@ class Pipeline:
             ValueError: naming the split, its size, the objective and data.seq_len.
         """
         fits = f"data.objective={self.cfg.objective!r} with data.seq_len={self.cfg.seq_len}"
+        if self.cfg.pack != "plain":
+            fits += f" and data.pack={self.cfg.pack!r}"
         try:
             self.make_batch(self.train, torch.Generator().manual_seed(0))
         except ValueError as err:
@@ -342,7 +346,7 @@ class Pipeline:
         """
         tok = self.tokenizer
         return {"vocab_size": tok.vocab_size, "pad_token_id": tok.pad_token_id,
-                **objective_fields(self.cfg.objective, self.cfg.nsp, arch)}
+                **objective_fields(self.cfg.objective, self.cfg.nsp, arch, self.cfg.span_boundary)}
 
     # ---------------------------------------------------------------- batches
     @property
@@ -353,13 +357,27 @@ class Pipeline:
         """The seq2seq batch of the pairs at `index` (translation scores decode these)."""
         return pairs_batch(self.cfg, self.tokenizer, files, index)
 
+    @property
+    def pad_id(self) -> int:
+        """What fills a padded row (data.pack 'pad'; masked out, no loss): the tokenizer's pad, else its EOS."""
+        tok = self.tokenizer
+        return next((i for i in (tok.pad_token_id, tok.eos_token_id) if i is not None), 0)
+
     def make_batch(self, files, generator: torch.Generator) -> dict[str, torch.Tensor]:
-        """One batch of the configured objective drawn from `files` with `generator`."""
-        return self.objective.train_batch(self.cfg, self.tokenizer, files, generator)
+        """One batch of the configured objective drawn from `files` with `generator` (rows packed
+        as data.pack says)."""
+        cfg = self.cfg
+        if cfg.pack != "plain":
+            return packing.train_batch(cfg.pack, files, cfg.batch_size, cfg.seq_len, generator, pad_id=self.pad_id)
+        return self.objective.train_batch(cfg, self.tokenizer, files, generator)
 
     def train_batch(self, generator: torch.Generator) -> dict[str, torch.Tensor]:
         return self.make_batch(self.train, generator)
 
     def eval_batches(self, num_batches: int) -> Iterator[dict[str, torch.Tensor]]:
         """The same `num_batches` validation batches every time (fixed order or fixed seed)."""
-        return self.objective.eval_batches(self.cfg, self.tokenizer, self.valid, num_batches)
+        cfg = self.cfg
+        if cfg.pack != "plain":
+            return packing.eval_batches(cfg.pack, self.valid, cfg.batch_size, cfg.seq_len, num_batches,
+                                        pad_id=self.pad_id)
+        return self.objective.eval_batches(cfg, self.tokenizer, self.valid, num_batches)

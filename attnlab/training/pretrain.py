@@ -68,6 +68,11 @@ class PretrainTask:
             result["val_nsp_loss"] = sums["nsp_loss_sum"] / sums["nsp_count"]
             result["val_nsp_accuracy"] = sums["nsp_correct"] / sums["nsp_count"]
             result["val_loss"] = result["val_mlm_loss"] + result["val_nsp_loss"]
+        if sums.get("sbo_count"):  # SpanBERT: val_loss = MLM + SBO, as trained
+            result["val_mlm_loss"] = result["val_loss"]
+            result["val_sbo_loss"] = sums["sbo_loss_sum"] / sums["sbo_count"]
+            result["val_sbo_accuracy"] = sums["sbo_correct"] / sums["sbo_count"]
+            result["val_loss"] = result["val_mlm_loss"] + result["val_sbo_loss"]
         if self.pipeline.objective.bleu and self.bleu_samples:
             result.update(self.translation_scores(model, device, self.bleu_samples))
         return result

@@ -18,14 +18,8 @@ from torch import Tensor, nn
 
 from attnlab.models.heads import MLMHead, VocabularyHead
 from attnlab.training.losses import IGNORE, cross_entropy, linear_cross_entropy
-from attnlab.training.precision import resolve_precision
-
-
-def autocast(precision: str, device: torch.device):
-    """The forward-pass context of a precision: bf16 autocast on `device`, or nothing for fp32;
-    "auto" as `resolve_precision` decides it (a run resolves once and passes the result here)."""
-    enabled = resolve_precision(precision, device, warn=False) == "bf16"
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
+from attnlab.training.precision import autocast  # noqa: F401 (the forward-pass context; images, pretrain, recurrence and finetune import it from here)
+from attnlab.training.span_boundary import sbo_eval_sums, sbo_loss
 
 
 def _head_loss(stack: nn.Module, hidden: Tensor, labels: Tensor, label_smoothing: float) -> Tensor:
@@ -61,7 +55,7 @@ def batch_loss(model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: f
         raise ValueError(f"a {arch} needs a batch with input_ids and labels")
     if arch == "decoder":
         hidden = model.features(batch["input_ids"], batch.get("attention_mask"),
-                                prefix_lengths=batch.get("prefix_lengths"))
+                                prefix_lengths=batch.get("prefix_lengths"), document_ids=batch.get("document_ids"))
     else:
         hidden = model.features(batch["input_ids"], batch.get("attention_mask"),
                                 token_type_ids=batch.get("token_type_ids"))
@@ -69,6 +63,8 @@ def batch_loss(model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: f
     if "nsp_labels" in batch:  # BERT pretraining: loss = MLM + NSP (Devlin et al. 2019, appendix A.2)
         nsp = nsp_logits(model, hidden, batch.get("attention_mask")).float()  # (B, 2)
         loss = loss + F.cross_entropy(nsp, batch["nsp_labels"])
+    if "span_left" in batch:  # SpanBERT pretraining: loss = MLM + SBO (Joshi et al. 2020, 3.2)
+        loss = loss + sbo_loss(model, hidden, batch, label_smoothing=label_smoothing)
     return loss
 
 
@@ -105,6 +101,8 @@ def eval_sums(model: nn.Module, batch: dict[str, Tensor]) -> dict[str, float]:
         nsp = nsp_logits(model, hidden, batch.get("attention_mask")).float()  # (B, 2)
         out.update(nsp_loss_sum=float(F.cross_entropy(nsp, batch["nsp_labels"], reduction="sum")),
                    nsp_correct=int((nsp.argmax(-1) == batch["nsp_labels"]).sum()), nsp_count=len(nsp))
+    if "span_left" in batch:
+        out.update(sbo_eval_sums(model, hidden, batch))
     return out
 
 

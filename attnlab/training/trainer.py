@@ -1,6 +1,7 @@
 """The one training loop, for every task (pretraining objectives, fine-tuning heads): gradient
-accumulation weighted by tokens, bf16 autocast, clipping, schedules, periodic evaluation, early
-stopping, the NaN policy, checkpoints and exact resume, data parallel under torchrun.
+accumulation weighted by tokens, bf16 autocast or fp16 with loss scaling, clipping, schedules,
+periodic evaluation, early stopping, the NaN policy, checkpoints and exact resume, data parallel
+under torchrun, torch.compile, activation checkpointing and TensorBoard logging.
 
     trainer = Trainer(TrainConfig.from_dict(load_config_file("examples/shakespeare_char.json")))
     summary = trainer.fit()                  # or fit(resume=True) after an interruption
@@ -20,6 +21,22 @@ raises `TrainingInterrupted` (a KeyboardInterrupt) naming it, even on the last s
 sweep stops too); a second Ctrl-C stops at once and names the checkpoint a resume would go on
 from. Resuming from the interruption's checkpoint ends bitwise equal to a run that was never
 stopped, like any other checkpoint.
+
+Switches of the `train` section (attnlab.training.config.RunConfig):
+
+    precision: fp16     fp16 autocast and a gradient scaler (attnlab.training.precision): a step
+                        whose gradients overflow is skipped and the scale halved (logged); the
+                        scaler's state is checkpointed, so a resume stays exact
+    compile: true       torch.compile of each transformer layer in place (attnlab.training.
+                        speedups: the state dict keeps its names, no `_orig_mod.`); the loss, the
+                        embeddings and evaluation (decoding included) run eagerly. The compile
+                        time is logged after the first step, kept out of tokens/s and the ETA,
+                        and returned in the summary (`compile_seconds`)
+    activation_checkpointing: true
+                        each layer's activations are recomputed in backward instead of kept
+                        (attnlab.models.transformer; same gradients, dropout masks included)
+    tensorboard: true   metrics.jsonl's scalars and text samples in OUT/tensorboard/
+                        (attnlab.training.tensorboard)
 """
 
 from __future__ import annotations
@@ -35,11 +52,13 @@ import time
 import warnings
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 
+from attnlab.config.validate import ConfigError
 from attnlab.io.progress import format_seconds
+from attnlab.training.adapters import apply_lora, export_lora
 from attnlab.training.checkpoint import list_checkpoints, load_checkpoint, read_index, resolve_checkpoint, save_checkpoint
 from attnlab.training.config import TrainConfig
 from attnlab.training.distributed import (all_reduce_sum, any_rank, data_parallel_loss, init_from_env, rank0_first,
@@ -47,11 +66,25 @@ from attnlab.training.distributed import (all_reduce_sum, any_rank, data_paralle
 from attnlab.training.optim import Schedule, build_optimizer
 from attnlab.training.pipeline import Pipeline
 from attnlab.training.plot import write_loss_curve
-from attnlab.training.precision import resolve_precision
-from attnlab.training.steps import autocast, count_tokens, to_device
+from attnlab.training.precision import autocast, native_bf16, native_fp16, resolve_precision, uses_grad_scaler
+from attnlab.training.speedups import CompileClock, checkpoint_activations, compile_layers, has_cxx_compiler
+from attnlab.training.steps import count_tokens, to_device
 from attnlab.training.task import with_balance_loss
+from attnlab.training.tensorboard import TensorBoardLog, require_tensorboard, text_samples
 from attnlab.io.files import atomic_write_text
 from attnlab.io.lock import RunLock
+
+
+class StepResult(NamedTuple):
+    """One optimisation step: its loss (NaN when skipped by the NaN policy), named parts, input
+    tokens, whether the weights were left as they were (NaN policy, or an fp16 overflow), and
+    the gradient norm before clipping (None without optim.grad_clip, or when not finite)."""
+
+    loss: float
+    parts: dict[str, float]
+    tokens: int
+    skipped: bool
+    grad_norm: float | None = None
 
 
 class NonFiniteLossError(RuntimeError):
@@ -112,9 +145,14 @@ class Trainer:
         self.log = log or (lambda text: print(text, flush=True))
         self.show_progress = show_progress
         run = config.train
+        if run.tensorboard:
+            require_tensorboard()  # before any data is prepared
         if run.threads:
             torch.set_num_threads(run.threads)
         self.device = pick_device(run.device)
+        if run.compile and self.device.type == "cpu" and not has_cxx_compiler():
+            raise ConfigError("train.compile", "true on a CPU needs a C++ compiler for torch.compile's code (g++ or "
+                              "clang++ on PATH, or $CXX); install one or set train.compile to false")
         self.parallel = init_from_env()  # [parallel] under torchrun: DDP, rank 0 writes; alone: no-ops
         if self.parallel.distributed:
             self.device = self.parallel.device if self.device.type == "cuda" else self.device
@@ -134,7 +172,11 @@ class Trainer:
         self.task = shard_task(task, self.parallel)  # [parallel] each rank its own batches
         if hasattr(task, "prepare"):
             task.prepare(model)  # freezing, re-initialisation: before the optimizer sees the parameters
+        model = apply_lora(model, config.lora, seed=run.seed, log=self.log)  # LoRA adapters (config.lora), base frozen
         self.model = model.to(self.device)
+        if run.activation_checkpointing:
+            checkpoint_activations(self.model)  # (attnlab.training.speedups)
+        self.compiled_layers = compile_layers(self.model) if run.compile else 0
         loss = with_balance_loss(task.loss, self.model)  # + the experts' load balance (MoE models)
         self.train_loss = data_parallel_loss(self.model, self.parallel, loss)  # [parallel] DDP when dp > 1
         o = config.optim
@@ -143,6 +185,8 @@ class Trainer:
         s = config.schedule
         self.schedule = Schedule(self.optimizer, s.name, o.lr, total_steps=run.max_steps, warmup_steps=s.warmup_steps,
                                  min_lr_ratio=s.min_lr_ratio, d_model=self.model.config.d_model)
+        # fp16: the loss scaled before backward, the gradients unscaled before clipping (a no-op otherwise)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=uses_grad_scaler(self.precision))
         self.data_generator = torch.Generator().manual_seed(run.seed + 1)
         self._rng = self._rng_now()  # this run's dropout stream (see the module docstring)
         self.step = 0
@@ -150,6 +194,7 @@ class Trainer:
         self.bad_evals = 0
         self._stop_requested = False  # set by a first Ctrl-C during fit (_deferred_interrupt)
         self.history: dict[str, list[tuple[int, float]]] = {"train": [], "valid": []}
+        self._tensorboard: TensorBoardLog | None = None  # open during fit (train.tensorboard, rank 0)
 
     def _rng_now(self) -> dict[str, torch.Tensor]:
         state = {"cpu": torch.get_rng_state()}
@@ -188,6 +233,8 @@ class Trainer:
             return
         with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+        if self._tensorboard is not None:
+            self._tensorboard.record(record)
 
     def _trim_metrics(self) -> None:
         """After a resume, drop records of steps the checkpoint had not reached (they will be redone)."""
@@ -212,6 +259,8 @@ class Trainer:
         extra = {"best": self.best, "bad_evals": self.bad_evals}
         if hasattr(self.task, "state_dict"):
             extra["task"] = self.task.state_dict()  # the data position beyond the generator (epochs)
+        if self.scaler.is_enabled():
+            extra["grad_scaler"] = self.scaler.state_dict()  # fp16: the loss scale, its growth count (numbers)
         path = self.checkpoint_dir
         if self.parallel.is_main:  # [parallel] one writer; the others wait for the checkpoint
             path = save_checkpoint(self.checkpoint_dir, step=self.step, model=self.model, optimizer=self.optimizer,
@@ -233,6 +282,8 @@ class Trainer:
         self.bad_evals = int(state["extra"].get("bad_evals", 0))
         if hasattr(self.task, "load_state_dict"):
             self.task.load_state_dict(state["extra"].get("task", {}))
+        if self.scaler.is_enabled() and "grad_scaler" in state["extra"]:  # (from a non-fp16 run: a new scale)
+            self.scaler.load_state_dict(state["extra"]["grad_scaler"])
         self._trim_metrics()
         self.log(f"resumed from {ckpt} at step {self.step}")
         return True
@@ -241,13 +292,33 @@ class Trainer:
     def autocast(self):
         return autocast(self.precision, self.device)
 
+    def eager(self):
+        """The context evaluation and decoding run in: eagerly where the layers are compiled
+        (train.compile), since a compiled layer would compile again for eval mode and for every
+        length of a decoding cache (torch < 2.6, which has no compiler stances, compiles them)."""
+        stance = getattr(torch.compiler, "set_stance", None)
+        return stance("force_eager") if self.compiled_layers and stance is not None else nullcontext()
+
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """The task's validation metrics (`val_loss` first); {} for a task without validation."""
         was_training = self.model.training
         self.model.eval()
         try:
-            return self.task.evaluate(self.model, self.device, self.precision)
+            with self.eager():
+                return self.task.evaluate(self.model, self.device, self.precision)
+        finally:
+            self.model.train(was_training)
+
+    @torch.no_grad()
+    def samples(self) -> str | None:
+        """Greedy samples of the task's validation data as Markdown (attnlab.training.tensorboard.
+        text_samples), None where the task has none; draws no random number."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self.eager(), self.autocast():
+                return text_samples(self.task, self.model, self.device)
         finally:
             self.model.train(was_training)
 
@@ -268,7 +339,7 @@ class Trainer:
                 loss, parts = self.train_loss(batch, label_smoothing=self.config.optim.label_smoothing)  # [parallel]
             if not torch.isfinite(loss):
                 return self._non_finite(f"loss is {float(loss.detach())}"), {}, True
-            (loss * share).backward()
+            self.scaler.scale(loss * share).backward()  # fp16: times the loss scale (else as it is)
             loss_sum += float(loss.detach()) * share
             for key, value in parts.items():
                 parts_sum[key] = parts_sum.get(key, 0.0) + value * share
@@ -277,21 +348,34 @@ class Trainer:
             loss_sum, parts_sum = sums.pop("loss"), sums
         return loss_sum, parts_sum, False
 
-    def _train_step(self) -> tuple[float, dict[str, float], int, bool]:
-        """One optimisation step; returns (loss, parts, tokens, skipped)."""
+    def _train_step(self) -> StepResult:
+        """One optimisation step (see StepResult)."""
         run = self.config.train
         self.optimizer.zero_grad(set_to_none=True)
         batches = [to_device(self.task.train_batch(self.data_generator), self.device) for _ in range(run.grad_accum)]
         tokens = sum(count_tokens(b) for b in batches) * self.parallel.dp_size
         loss, parts, skipped = self.accumulate(batches)
         if skipped:
-            return loss, parts, tokens, True
+            return StepResult(loss, parts, tokens, True)
+        self.scaler.unscale_(self.optimizer)  # fp16: the true gradients, and whether any overflowed
+        norm = None
         if self.config.optim.grad_clip is not None:
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip)
-            if not torch.isfinite(norm):
-                return self._non_finite(f"gradient norm is {float(norm)}"), {}, tokens, True
-        self.optimizer.step()
-        return loss, parts, tokens, False
+            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip))
+            if not math.isfinite(norm):
+                if not self.scaler.is_enabled():
+                    return StepResult(self._non_finite(f"gradient norm is {norm}"), {}, tokens, True)
+                norm = None  # fp16: an overflow, the scaler's to handle
+        if not self.scaler.is_enabled():
+            self.optimizer.step()
+            return StepResult(loss, parts, tokens, False, norm)
+        scale = self.scaler.get_scale()
+        self.scaler.step(self.optimizer)  # skipped where the unscaled gradients hold inf or NaN
+        self.scaler.update()  # such a step halves the scale; 2,000 clean ones double it
+        if self.scaler.get_scale() >= scale:
+            return StepResult(loss, parts, tokens, False, norm)
+        self.log(f"fp16: the gradients overflowed at step {self.step + 1}; step skipped, loss scale {scale:g} -> "
+                 f"{self.scaler.get_scale():g}")
+        return StepResult(loss, parts, tokens, True, None)
 
     def _non_finite(self, what: str) -> float:
         step = self.step + 1
@@ -341,7 +425,11 @@ class Trainer:
                 (self.out / "metrics.jsonl").unlink()
         end = run.max_steps if stop_at is None else min(stop_at, run.max_steps)
         self._write_config()
-        self.log(f"precision: {self.precision}" + (f" (auto on {self.device.type})" if run.precision == "auto" else ""))
+        self.log(self._precision_line())
+        if run.tensorboard and self.parallel.is_main:  # [parallel] rank 0 writes
+            fresh = not resume and self.step == 0
+            self._tensorboard = TensorBoardLog(self.out / "tensorboard", start_step=self.step, fresh=fresh)
+            self._tensorboard.config(self.config.to_dict(), self.step)
         self.model.train()
         try:
             with self._own_rng(), self._deferred_interrupt():
@@ -351,11 +439,30 @@ class Trainer:
             raise
         except KeyboardInterrupt:  # a second Ctrl-C (or one where it cannot be deferred): mid-step, save nothing
             raise self._interrupted(saved=False) from None
+        finally:
+            if self._tensorboard is not None:
+                self._tensorboard.close()
+                self._tensorboard = None
         if stopped:
             raise self._interrupted(saved=True)
+        if self.parallel.is_main:  # a LoRA run: OUT/adapter/, and OUT/merged/ when the run is over (training.adapters)
+            export_lora(self.model, self.out, merged=summary["stop_reason"] != "stop_at", settings=self.config.lora)
         if summary["stop_reason"] != "stop_at":  # a pause (a sweep's probe) draws nothing: plotting costs a second
             self.plot()
         return summary
+
+    def _precision_line(self) -> str:
+        """`precision: bf16 (auto on cpu)`; fp16 names its loss scale; auto on a GPU with fp16 but
+        without bf16 (V100, T4) says that fp16 would be faster."""
+        line = f"precision: {self.precision}"
+        if self.config.train.precision == "auto":
+            line += f" (auto on {self.device.type})"
+            if self.precision == "fp32" and self.device.type == "cuda" and native_fp16(self.device) \
+                    and not native_bf16(self.device):
+                line += "; this GPU has no bf16 but fast fp16: train.precision=fp16 (loss-scaled) is faster"
+        if self.scaler.is_enabled():
+            line += f", loss scaling from {self.scaler.get_scale():g}"
+        return line
 
     def _interrupted(self, saved: bool) -> TrainingInterrupted:
         """The interruption, naming the run's latest checkpoint (where a resume goes on from)."""
@@ -396,20 +503,30 @@ class Trainer:
         run = self.config.train
         start = time.perf_counter()
         first_step = self.step
-        window_loss, window_tokens, window_start = [], 0, time.perf_counter()
+        window_loss, window_norms, window_tokens, window_start = [], [], 0, time.perf_counter()
         last_eval: dict[str, float] = {}
         stop_reason = "max_steps"
         train_loss = first_loss = float("nan")
+        clock = CompileClock() if self.compiled_layers else None
         while self.step < end:
-            loss, parts, tokens, skipped = self._train_step()
+            step_start = time.perf_counter()
+            loss, parts, tokens, skipped, norm = self._train_step()
             lr = self.schedule.lr()
             self.schedule.step()
             self.step += 1
             window_tokens += tokens
-            if not skipped:
+            if not math.isnan(loss):  # (an fp16 overflow skips the update, not the loss)
                 window_loss.append((loss, parts))
                 train_loss = loss
                 first_loss = loss if math.isnan(first_loss) else first_loss
+            if norm is not None:
+                window_norms.append(norm)
+            if clock is not None:  # compiling (the first step, a new shape): kept out of tok/s and the ETA
+                newly = clock.lap(time.perf_counter() - step_start)
+                window_start += newly
+                if clock.laps == 1:
+                    self.log(f"compile: {newly:.1f} s (torch.compile of {self.compiled_layers} transformer layer(s), "
+                             "in the first step)")
             if on_step is not None:
                 on_step({"step": self.step, "loss": loss, **parts, "lr": lr, "skipped": skipped})
             if self.step % run.log_every == 0 or self.step == run.max_steps:
@@ -418,16 +535,20 @@ class Trainer:
                 means = {k: sum(p.get(k, 0.0) for _, p in window_loss) / len(window_loss) for k in parts}
                 tps = window_tokens / max(elapsed, 1e-9)
                 done = time.perf_counter() - start
-                eta = done / max(self.step - first_step, 1) * (run.max_steps - self.step)
+                steady = done - (clock.total if clock is not None else 0.0)
+                eta = steady / max(self.step - first_step, 1) * (run.max_steps - self.step)
                 if run.max_minutes is not None:  # the time limit may come first
                     eta = min(eta, max(0.0, 60 * run.max_minutes - done))
-                self._metrics({"step": self.step, "train_loss": mean, **means, "lr": lr, "tokens_per_s": tps,
-                               "elapsed_s": done, "skipped": skipped})
+                norms = {"grad_norm": sum(window_norms) / len(window_norms)} if window_norms else {}  # before clipping
+                scale = {"loss_scale": self.scaler.get_scale()} if self.scaler.is_enabled() else {}
+                self._metrics({"step": self.step, "train_loss": mean, **means, "lr": lr, **norms, **scale,
+                               "tokens_per_s": tps, "elapsed_s": done, "skipped": skipped})
                 self.history["train"].append((self.step, mean))
                 self.log(f"step {self.step:>6}/{run.max_steps} | loss {mean:.4f} | lr {lr:.2e}"
                          f" | {tps:,.0f} tok/s | ETA {format_seconds(eta)}")
-                window_loss, window_tokens, window_start = [], 0, time.perf_counter()
-            timed_out = run.max_minutes is not None and time.perf_counter() - start > 60 * run.max_minutes
+                window_loss, window_norms, window_tokens, window_start = [], [], 0, time.perf_counter()
+            aside = time.perf_counter()  # evaluation and checkpoints: kept out of the next window's tok/s
+            timed_out = run.max_minutes is not None and aside - start > 60 * run.max_minutes
             timed_out = any_rank(timed_out, self.parallel) if run.max_minutes is not None else timed_out  # [parallel]
             metric = None
             if self.step % run.eval_every == 0 or self.step == run.max_steps or timed_out:
@@ -437,6 +558,8 @@ class Trainer:
                     self._metrics({"step": self.step, **last_eval})
                     self.history["valid"].append((self.step, metric))
                     self.log("eval  " + " | ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
+                    if self._tensorboard is not None and (samples := self.samples()) is not None:
+                        self._tensorboard.text("samples", samples, self.step)
                     if self.best is None or metric < self.best:
                         self.best, self.bad_evals = metric, 0
                     else:
@@ -450,6 +573,7 @@ class Trainer:
             if (self.step % run.checkpoint_every == 0 or self.step in (run.max_steps, end)
                     or stop_reason != "max_steps"):
                 saved = self.save(metric)
+            window_start += time.perf_counter() - aside
             if self._stop_requested:  # Ctrl-C: the step is complete, checkpoint it and stop
                 raise TrainingInterrupted(self.out, self.step, saved or self.save(metric), saved=True)
             if stop_reason != "max_steps":
@@ -458,8 +582,9 @@ class Trainer:
         if stop_reason == "max_steps" and self.step < run.max_steps:
             stop_reason = "stop_at"  # paused: fit() again goes on
         seconds = time.perf_counter() - start
+        compiled = {"compile_seconds": clock.total} if clock is not None else {}
         return {"steps": self.step, "stop_reason": stop_reason, "first_loss": first_loss, "train_loss": train_loss,
-                "best_val_loss": self.best, **last_eval, "seconds": seconds, "out_dir": str(self.out),
+                "best_val_loss": self.best, **last_eval, "seconds": seconds, **compiled, "out_dir": str(self.out),
                 "best_checkpoint": read_index(self.checkpoint_dir).get("best")}
 
     def plot(self) -> None:

@@ -104,7 +104,7 @@ def _config(**changes):
      "data.label_column: expected a string or null, got 3"),
     ({"data": {"train": "t.csv", "valid": "v.csv", "labels": ["a", "a"]}}, "data.labels: expected distinct labels"),
     ({"seedz": [1]}, "seedz: unknown FinetuneJobConfig field; allowed: "),
-    ({"recipe": {"precision": "fp16"}}, "recipe.precision: 'fp16' is not one of auto, fp32, bf16"),
+    ({"recipe": {"precision": "fp8"}}, "recipe.precision: 'fp8' is not one of auto, fp32, bf16, fp16"),
     ({"head": "mlm"}, "head: 'mlm' is not one of classification, regression, token_classification"),
     ({"seeds": [0, 0]}, "seeds: expected a non-empty list of distinct integers"),
     ({"seeds": [0, 1], "keep": 3}, "keep: expected an integer in [1, 2]"),

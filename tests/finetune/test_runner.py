@@ -91,8 +91,8 @@ def test_bf16_recipe_runs_the_forward_in_bf16_keeps_fp32_weights_and_learns(step
     assert all(p.dtype == torch.float32 for p in model.parameters())
     assert run.predict(exs[:2]).dtype == torch.float32 and seen[-1] == torch.bfloat16
     assert run.evaluate(exs[64:], labels.encode(exs[64:]))["accuracy"] >= 0.9
-    with pytest.raises(ValueError, match="recipe.precision: 'fp16' is not one of auto, fp32, bf16"):
-        Recipe(precision="fp16")
+    with pytest.raises(ValueError, match="recipe.precision: 'fp8' is not one of auto, fp32, bf16, fp16"):
+        Recipe(precision="fp8")
 
 
 def test_data_errors_name_the_row_or_column(tmp_path):

@@ -63,7 +63,7 @@ def _one_step_config(tmp_path, **train) -> dict:
 # ---------------------------------------------------------------- the decision
 def test_auto_is_the_default_and_a_known_precision():
     assert RunConfig().precision == Recipe().precision == "auto"
-    assert set(PRECISIONS) == {"auto", "fp32", "bf16"}
+    assert set(PRECISIONS) == {"auto", "fp32", "bf16", "fp16"}
 
 
 def test_auto_is_bf16_exactly_where_bf16_is_native(native):
@@ -90,8 +90,8 @@ def test_forced_bf16_is_kept_and_warns_only_where_emulated(monkeypatch):
 
 
 def test_an_unknown_precision_is_refused_naming_the_choices():
-    with pytest.raises(ValueError, match="auto, fp32, bf16.*'fp16'"):
-        resolve_precision("fp16", CPU)
+    with pytest.raises(ValueError, match="auto, fp32, bf16, fp16.*'fp8'"):
+        resolve_precision("fp8", CPU)
 
 
 @pytest.mark.parametrize("features, expected", [
@@ -188,5 +188,10 @@ def test_every_recipe_leaves_precision_to_the_machine():
     parse = lambda p: json.loads(p.read_text()) if p.suffix == ".json" else yaml.safe_load(p.read_text())
     found = {str(p.relative_to(EXAMPLES_DIR)): _precisions(parse(p)) for p in paths}
     assert found["shakespeare_char.json"] == ["auto"]  # the demo's recipe: the walk does reach recipes
-    assert {p for values in found.values() for p in values} == {"auto"}, found
+    # a study's recipe may pin fp32: its numbers are compared across machines (and bf16 is emulated
+    # at a tenth of the speed on CPUs without it); every other recipe leaves it to the machine
+    recipes = {name: values for name, values in found.items() if not name.startswith("studies/")}
+    studies = {name: values for name, values in found.items() if name.startswith("studies/")}
+    assert {p for values in recipes.values() for p in values} == {"auto"}, recipes
+    assert {p for values in studies.values() for p in values} <= {"auto", "fp32"}, studies
     assert demo_config(10)["train"]["precision"] == "auto"

@@ -3,10 +3,11 @@ it), apart from the projections around it. One file per kernel; `KERNELS` is the
 the config string `attention.kernel` to the kernel class.
 
 Adding a kernel: a file named after it with a `Kernel` subclass (its `name`, `supports`,
-`Options`, `build`, `forward`, and `dense_mask` for a sparse pattern), and its entry in `KERNELS`
-(with the import); see `base` for the call and `tests/nn/kernels/test_registry.py` for a kernel
-added in a test. Nothing else names a kernel: the config, the builder, the attention module,
-tensor parallelism and the cost counters read `supports`.
+`Options`, `build`, `forward`; `dense_mask` for a sparse pattern, `cost` when it computes less
+than dense attention), and its entry in `KERNELS` (with the import); see `base` for the call and
+`tests/nn/kernels/test_registry.py` for a kernel added in a test. Nothing else names a kernel:
+the config, the builder, the attention module, tensor parallelism and the cost counters read
+`supports` (and `cost`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from attnlab.nn.kernels.auto import AutoKernel
-from attnlab.nn.kernels.base import Kernel, KernelSetup, NoOptions, Supports, TokenIds
+from attnlab.nn.kernels.base import Kernel, KernelCost, KernelSetup, NoOptions, Supports, TokenIds
 from attnlab.nn.kernels.bigbird import BigBirdKernel
 from attnlab.nn.kernels.eager import EagerKernel, attention_weights, eager_attention
 from attnlab.nn.kernels.linformer import LinformerKernel
@@ -57,5 +58,5 @@ def build_kernel(name: str, options: Any = None, setup: KernelSetup | None = Non
     return cls.build(options, setup or KernelSetup(num_heads=1, head_dim=1))
 
 
-__all__ = ["KERNELS", "Kernel", "KernelSetup", "NoOptions", "Supports", "TokenIds", "attention_weights",
+__all__ = ["KERNELS", "Kernel", "KernelCost", "KernelSetup", "NoOptions", "Supports", "TokenIds", "attention_weights",
            "build_kernel", "eager_attention", "kernel_class", "sdpa_attention"]

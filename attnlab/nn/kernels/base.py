@@ -67,12 +67,40 @@ class KernelSetup:
         head_dim: Dh.
         layer: the layer's index in its stack (kernels that draw a random pattern per layer).
         token_ids: the stack's `TokenIds`, for kernels whose options ask for the input ids.
+        num_kv_heads: G, the key/value heads (grouped-query attention); None = H. A kernel with
+            per-head parameters over keys or values (a convolution compressing them) holds G sets.
     """
 
     num_heads: int
     head_dim: int
     layer: int = 0
     token_ids: "TokenIds | None" = None
+    num_kv_heads: int | None = None
+
+    def __post_init__(self) -> None:
+        g = self.num_kv_heads
+        if g is not None and (not isinstance(g, int) or isinstance(g, bool) or g < 1 or self.num_heads % g):
+            raise ValueError(f"num_kv_heads must be a positive integer dividing num_heads={self.num_heads}, "
+                             f"got {g!r}")
+
+    @property
+    def kv_heads(self) -> int:
+        """G: num_kv_heads, or H when not given."""
+        return self.num_heads if self.num_kv_heads is None else self.num_kv_heads
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """What one call of a kernel costs (`Kernel.cost`; read by `attnlab.inspect.cost`).
+
+    Attributes:
+        flops: matrix-multiplication FLOPs, 2 per multiply-add (as torch.utils.flop_counter counts).
+        activations: elements the call holds besides its (B, H, Tq, Dv) output: the weights it
+            materialises, compressed keys and values.
+    """
+
+    flops: int
+    activations: int
 
 
 class TokenIds:
@@ -117,6 +145,17 @@ class Kernel(nn.Module):
         """The kernel's pattern over T self-attention positions as a bool (T, T) or (B, 1, T, T)
         mask (True = may attend); None: every key (a dense kernel)."""
         return None
+
+    def cost(self, t_q: int, t_k: int, *, num_heads: int, num_kv_heads: int, qk_dim: int, v_dim: int,
+             causal: bool) -> KernelCost:
+        """The cost of one call on one sequence: Tq queries over Tk keys, H query heads, G key/value
+        heads, q'/k' of qk_dim features (a score may widen them), values of v_dim.
+
+        The dense default: 2 H Tq Tk qk_dim (q k^T) + 2 H Tq Tk v_dim (weights v), holding the
+        H Tq Tk weights when `supports.materializes_weights` (a fused kernel holds none). A sparse
+        kernel that computes less overrides it."""
+        flops = 2 * num_heads * t_q * t_k * (qk_dim + v_dim)
+        return KernelCost(flops, num_heads * t_q * t_k if self.supports.materializes_weights else 0)
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}"

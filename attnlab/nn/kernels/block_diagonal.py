@@ -112,6 +112,20 @@ def block_diagonal_attention(q: Tensor, k: Tensor, v: Tensor, *, block: int, cau
     return out.view(B, H, nb * block, v.shape[-1])[:, :, lead:lead + Tq]
 
 
+def block_diagonal_flops(t_q: int, t_k: int, block: int, num_heads: int, qk_dim: int, v_dim: int) -> int:
+    """Matrix-multiplication FLOPs of one `block_diagonal_attention` call on one sequence: SDPA over
+    the NB blocks of b x b that hold the last Tq of Tk positions (the last one padded),
+    2 H NB b^2 (qk_dim + v_dim); H T b (qk_dim + v_dim) x 2 when b divides T, against
+    2 H T^2 (qk_dim + v_dim) for dense attention.
+
+    >>> block_diagonal_flops(8, 8, 4, num_heads=1, qk_dim=2, v_dim=2)  # 2 blocks of 4 x 4
+    256
+    """
+    start = (t_k - t_q) // block * block
+    nb = math.ceil((t_k - start) / block)
+    return 2 * num_heads * nb * block * block * (qk_dim + v_dim)
+
+
 def _block_mask(q: Tensor, mask: Tensor | None, bias: Tensor | None, Tq: int, Tk: int, lead: int, start: int,
                 L: int, block: int, causal: bool) -> Tensor | None:
     """The blocks' bool mask or float bias (B', H', NB | 1, b | 1, b | 1), or None when SDPA's

@@ -23,8 +23,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from attnlab.nn.kernels.base import Kernel, KernelSetup, Supports
-from attnlab.nn.kernels.block_diagonal import block_diagonal_attention, block_pattern
+from attnlab.nn.kernels.base import Kernel, KernelCost, KernelSetup, Supports
+from attnlab.nn.kernels.block_diagonal import block_diagonal_attention, block_diagonal_flops, block_pattern
 
 
 @dataclass
@@ -71,6 +71,11 @@ class LocalBlockKernel(Kernel):
         out = block_diagonal_attention(q, k, v, block=self.block_size, causal=causal, scale=scale, mask=mask,
                                        bias=bias, dropout_p=dropout_p)
         return out, None
+
+    def cost(self, t_q, t_k, *, num_heads, num_kv_heads, qk_dim, v_dim, causal) -> KernelCost:
+        """SDPA within blocks: 2 H NB b^2 (qk_dim + v_dim) FLOPs, T b per head instead of T^2 (see
+        `block_diagonal_flops`); no weights held (fused per block)."""
+        return KernelCost(block_diagonal_flops(t_q, t_k, self.block_size, num_heads, qk_dim, v_dim), 0)
 
     def extra_repr(self) -> str:
         return f"name={self.name!r}, block_size={self.block_size}"
