@@ -368,6 +368,10 @@ def band_attention(q: Tensor, k: Tensor, v: Tensor, *, window: int | None, causa
     B, H, T, Dh = q.shape
     if (window is None) == (window_blocks is None):
         raise ValueError(f"give exactly one of window and window_blocks, got {window!r} and {window_blocks!r}")
+    # a window wider than the sequence sees every key: clamped, it costs what the sequence needs
+    # (unclamped, a 4,096 window at T = 1,024 computed a band 8x wider than the keys)
+    window = min(window, T - 1) if window is not None else None
+    window_blocks = min(window_blocks, math.ceil(T / tile) - 1) if window_blocks is not None else None
     side = math.ceil(window / tile) if window is not None else window_blocks
     if key_valid is None:
         key_valid = torch.ones(B, T, dtype=torch.bool, device=q.device)

@@ -49,7 +49,7 @@ def key_padding(B, T, cut):
 
 @pytest.mark.parametrize("T", [5, 37, 100])  # < tile, < window, ragged last tile
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("window", [0, 8, 40])  # 8 = the tile
+@pytest.mark.parametrize("window", [0, 8, 40, 4096])  # 8 = the tile; 4096: wider than any T (clamped)
 def test_sliding_window_edges_equal_dense(tiny_chunks, T, causal, window):
     q, k, v = qkv(2, 2, T, seed=T + window)
     keep = key_padding(2, T, T // 3)
