@@ -46,7 +46,7 @@ SUMMARIES = {
     "generate": "continue a prompt with a saved model (streams to the terminal)",
     "inspect": "look inside models: attention maps, cost, gradients, rank",
     "model": "inspect model configurations and presets",
-    "parallel": "data/tensor-parallel planning: communication cost per step",
+    "parallel": "data/tensor/pipeline-parallel planning: memory per rank, communication, pipeline bubble",
     "predict": "label a CSV/JSONL file with a fine-tuned model",
     "score": "log-probability of texts under a language model",
     "tokenizer": "train, encode, decode and inspect tokenizers (BPE, WordPiece, char, word)",

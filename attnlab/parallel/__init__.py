@@ -1,5 +1,7 @@
-"""Scaling out on torch.distributed: data parallel (DDP under torchrun) and Megatron-style tensor
-parallel (module surgery on a built model), on a 2-D (data x tensor) process mesh.
+"""Scaling out on torch.distributed: data parallel (DDP under torchrun), Megatron-style tensor
+parallel (module surgery on a built model) and pipeline parallel (stages of the layer stack,
+GPipe/1F1B micro-batches through torch.distributed.pipelining), on a (pipeline x data x tensor)
+process mesh; `plan_layout` predicts a layout's memory per rank, communication and bubble.
 
     from attnlab.parallel import init_from_env, wrap_model, shard_batch, tensor_parallel
     ctx = init_from_env(tp=2)                            # torchrun --nproc-per-node 4 ...
@@ -19,11 +21,14 @@ from attnlab.parallel.data import (all_reduce_gradients, all_reduce_metrics, is_
                                    unwrap, wrap_model)
 from attnlab.training.distributed import CollectiveError, LossModule, ParallelContext, init_from_env, shutdown
 from attnlab.parallel.launch import WorkerError, free_port, spawn
+from attnlab.parallel.pipeline import Pipeline, check_pipeline_supported, split_stages, stage_layers
+from attnlab.parallel.plan import format_plan, plan_layout
 from attnlab.parallel.tensor import check_supported, tensor_parallel, vocab_parallel_cross_entropy
 
 __all__ = [
-    "CollectiveError", "LossModule", "ParallelContext", "WorkerError", "all_reduce_gradients", "all_reduce_metrics",
-    "check_supported", "copy_to_parallel", "free_port", "gather_from_parallel", "gather_full_state",
+    "CollectiveError", "LossModule", "ParallelContext", "Pipeline", "WorkerError", "all_reduce_gradients",
+    "all_reduce_metrics", "check_pipeline_supported", "check_supported", "format_plan", "plan_layout",
+    "split_stages", "stage_layers", "copy_to_parallel", "free_port", "gather_from_parallel", "gather_full_state",
     "gather_optimizer_state", "init_from_env", "is_main", "load_full_checkpoint", "load_optimizer_state",
     "reduce_from_parallel", "save_full_checkpoint", "shard_batch", "shard_batches", "shutdown", "spawn",
     "tensor_parallel", "unwrap", "vocab_parallel_cross_entropy", "wrap_model",

@@ -41,7 +41,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, tp: int, timeout_s: float,
+def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, tp: int, pp: int, timeout_s: float,
             threads: int, results) -> None:
     os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -49,7 +49,7 @@ def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, tp: int
     from attnlab.training.distributed import init_from_env, shutdown
 
     try:
-        ctx = init_from_env(tp, backend="gloo", timeout_s=timeout_s)
+        ctx = init_from_env(tp, pp=pp, backend="gloo", timeout_s=timeout_s)
         value = fn(ctx, *args)
         # plain pickle: tensors travel by value, not as shared memory that dies with this process
         results.put((rank, "ok", pickle.dumps(value)))
@@ -61,14 +61,14 @@ def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, tp: int
     shutdown()
 
 
-def spawn(fn: Callable[..., Any], world_size: int = 2, *, args: tuple = (), tp: int = 1, timeout_s: float = 60.0,
-          collective_timeout_s: float = 30.0, threads: int = 1) -> list[Any]:
+def spawn(fn: Callable[..., Any], world_size: int = 2, *, args: tuple = (), tp: int = 1, pp: int = 1,
+          timeout_s: float = 60.0, collective_timeout_s: float = 30.0, threads: int = 1) -> list[Any]:
     """Run fn(ctx, *args) on `world_size` new processes and return their results by rank.
 
     Args:
         fn: a module-level function (it is pickled by reference for the spawn start method).
         world_size: processes to start.
-        tp: tensor-parallel degree of the mesh.
+        tp, pp: tensor- and pipeline-parallel degrees of the mesh (dp: what is left).
         timeout_s: deadline for the whole run; ranks still alive then are killed.
         collective_timeout_s: the process group's timeout for one collective.
         threads: torch threads per process.
@@ -85,7 +85,7 @@ def spawn(fn: Callable[..., Any], world_size: int = 2, *, args: tuple = (), tp: 
     context = mp.get_context("spawn")
     results = context.Queue()
     port = free_port()
-    procs = [context.Process(target=_worker, args=(r, world_size, port, fn, args, tp, collective_timeout_s,
+    procs = [context.Process(target=_worker, args=(r, world_size, port, fn, args, tp, pp, collective_timeout_s,
                                                    threads, results), daemon=True)
              for r in range(world_size)]
     for p in procs:

@@ -2,11 +2,14 @@
 differently under data parallel (rank 0 prepares the data first, each rank trains on its own
 batches, gradients are averaged by DDP, stop decisions are taken together).
 
-    world = dp * tp processes, rank = dp_rank * tp + tp_rank
+    world = pp * dp * tp processes, rank = (pp_rank * dp + dp_rank) * tp + tp_rank
 
     tp = 2, dp = 2:   tensor groups {0, 1} {2, 3}     (ranks of one group hold shards of one model)
                       data groups   {0, 2} {1, 3}     (ranks of one group hold the same shard,
                                                        see different batches, average gradients)
+    tp = 2, pp = 2:   tensor groups {0, 1} {2, 3}; pipeline groups {0, 2} {1, 3} (stage 0 on
+                      ranks 0-1, stage 1 on ranks 2-3: the pipeline axis varies slowest, so its
+                      point-to-point traffic, the lightest, is the one that crosses machines)
 
 `init_from_env()` reads the variables torchrun sets (WORLD_SIZE, RANK, LOCAL_RANK, MASTER_ADDR,
 MASTER_PORT); without them it returns a one-process context on which every collective is the
@@ -53,8 +56,8 @@ class ParallelContext:
     Attributes:
         rank, world_size, local_rank: as torchrun numbers them.
         device: where this rank computes (cuda:LOCAL_RANK under NCCL, else cpu).
-        tp_size, dp_size: the mesh; tp_rank, dp_rank: this rank's coordinates.
-        tp_group, dp_group: process groups along each axis (None: the default group or alone).
+        tp_size, dp_size, pp_size: the mesh; tp_rank, dp_rank, pp_rank: this rank's coordinates.
+        tp_group, dp_group, pp_group: process groups along each axis (None: the default group or alone).
         timeout_s: the collective timeout given to the process group.
     """
 
@@ -67,6 +70,8 @@ class ParallelContext:
     tp_group: dist.ProcessGroup | None = None
     dp_group: dist.ProcessGroup | None = None
     timeout_s: float = 300.0
+    pp_size: int = 1
+    pp_group: dist.ProcessGroup | None = None
 
     @property
     def tp_rank(self) -> int:
@@ -74,7 +79,12 @@ class ParallelContext:
 
     @property
     def dp_rank(self) -> int:
-        return self.rank // self.tp_size
+        return (self.rank // self.tp_size) % self.dp_size
+
+    @property
+    def pp_rank(self) -> int:
+        """This rank's pipeline stage."""
+        return self.rank // (self.tp_size * self.dp_size)
 
     @property
     def is_main(self) -> bool:
@@ -118,28 +128,35 @@ class ParallelContext:
             ) from err
 
 
-def _mesh_groups(world: int, tp: int) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
-    """This rank's (tp_group, dp_group); every rank creates every group, in the same order."""
-    rank, dp = dist.get_rank(), world // tp
-    tp_group = dp_group = None
-    for d in range(dp):
-        ranks = list(range(d * tp, (d + 1) * tp))
-        g = dist.new_group(ranks) if tp < world else dist.group.WORLD
-        if rank in ranks:
-            tp_group = g
-    for t in range(tp):
-        ranks = list(range(t, world, tp))
-        g = dist.new_group(ranks) if dp < world else dist.group.WORLD
-        if rank in ranks:
-            dp_group = g
-    return tp_group, dp_group
+def _mesh_groups(world: int, tp: int, pp: int = 1) -> tuple[dist.ProcessGroup | None, ...]:
+    """This rank's (tp_group, dp_group, pp_group) on the (pp, dp, tp) mesh, tp varying fastest;
+    every rank creates every group, in the same order."""
+    rank, dp = dist.get_rank(), world // (tp * pp)
+
+    def at(p: int, d: int, t: int) -> int:
+        return (p * dp + d) * tp + t
+
+    axes = {  # axis -> its size and the rank lists of its groups
+        "tp": (tp, [[at(p, d, t) for t in range(tp)] for p in range(pp) for d in range(dp)]),
+        "dp": (dp, [[at(p, d, t) for d in range(dp)] for p in range(pp) for t in range(tp)]),
+        "pp": (pp, [[at(p, d, t) for p in range(pp)] for d in range(dp) for t in range(tp)]),
+    }
+    mine: dict[str, dist.ProcessGroup | None] = {}
+    for axis, (size, groups) in axes.items():
+        for ranks in groups:
+            g = dist.new_group(ranks) if size < world else dist.group.WORLD
+            if rank in ranks:
+                mine[axis] = g
+    return mine["tp"], mine["dp"], mine["pp"]
 
 
-def init_from_env(tp: int = 1, *, backend: str | None = None, timeout_s: float = 300.0) -> ParallelContext:
+def init_from_env(tp: int = 1, *, pp: int = 1, backend: str | None = None,
+                  timeout_s: float = 300.0) -> ParallelContext:
     """Join the process group torchrun describes in the environment and build the mesh.
 
     Args:
-        tp: tensor-parallel degree (must divide WORLD_SIZE); dp = WORLD_SIZE // tp.
+        tp: tensor-parallel degree; dp = WORLD_SIZE // (tp pp).
+        pp: pipeline-parallel degree (stages); tp pp must divide WORLD_SIZE.
         backend: "gloo" or "nccl"; default NCCL when CUDA is available, else gloo.
         timeout_s: collective timeout: a rank waiting longer than this for its peers raises
             instead of hanging (a dead peer usually fails faster, when its sockets close).
@@ -148,18 +165,20 @@ def init_from_env(tp: int = 1, *, backend: str | None = None, timeout_s: float =
         a ParallelContext (one process, no groups, when WORLD_SIZE is unset or 1).
 
     Raises:
-        ValueError: tp < 1 or tp not dividing the world size; a malformed environment.
+        ValueError: tp or pp < 1, or tp pp not dividing the world size; a malformed environment.
     """
-    if not isinstance(tp, int) or tp < 1:
-        raise ValueError(f"tp must be a positive integer, got {tp!r}")
+    for name, value in (("tp", tp), ("pp", pp)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
     try:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     except ValueError as err:
         raise ValueError(f"WORLD_SIZE/RANK/LOCAL_RANK must be integers: {err}") from None
-    if world % tp:
-        raise ValueError(f"tp={tp} must divide the world size WORLD_SIZE={world}")
+    if world % (tp * pp):
+        raise ValueError(f"tp={tp} x pp={pp} must divide the world size WORLD_SIZE={world}" if pp > 1 else
+                         f"tp={tp} must divide the world size WORLD_SIZE={world}")
     if world == 1 and not dist.is_initialized():
         return ParallelContext(timeout_s=timeout_s)
     if backend is None:
@@ -172,9 +191,10 @@ def init_from_env(tp: int = 1, *, backend: str | None = None, timeout_s: float =
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group(backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
-    tp_group, dp_group = _mesh_groups(world, tp)
+    tp_group, dp_group, pp_group = _mesh_groups(world, tp, pp)
     return ParallelContext(rank=rank, world_size=world, local_rank=local_rank, device=device, tp_size=tp,
-                           dp_size=world // tp, tp_group=tp_group, dp_group=dp_group, timeout_s=timeout_s)
+                           dp_size=world // (tp * pp), tp_group=tp_group, dp_group=dp_group, timeout_s=timeout_s,
+                           pp_size=pp, pp_group=pp_group)
 
 
 def shutdown() -> None:
