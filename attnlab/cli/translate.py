@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attnlab.cli.generate import (add_decoding_flags, check_length, decoding_kwargs, load_checkpoint, new_text,
-                                  pad_batch, role_id)
+from attnlab.cli.generate import (add_decoding_flags, check_length, decoding_kwargs, decoding_weights, load_checkpoint,
+                                  new_text, pad_batch, role_id)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if not hasattr(model, "encode"):
         raise ValueError(f"{args.checkpoint} holds a decoder-only model; translate needs an encoder-decoder "
                          "(use `attnlab generate` to continue prompts)")
+    model = decoding_weights(model, args.weights)
     kw = decoding_kwargs(args, tokenizer)
     start = args.decoder_start_token_id
     if start is None:

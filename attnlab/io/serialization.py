@@ -48,7 +48,8 @@ def save(model: nn.Module, path: str | os.PathLike, tokenizer: Any = None) -> Pa
 
     Raises:
         TypeError: `model` has no ModelConfig (or VisionConfig), or `tokenizer` has no `save`.
-        ValueError: `path` is a file, or a folder attnlab did not write (see `atomic_folder`).
+        ValueError: `path` is a file, or a folder attnlab did not write (see `atomic_folder`); a
+            model with quantized decoding weights (`attnlab.decoding.quantize_weights`).
     """
     config = getattr(model, "config", None)
     if not isinstance(config, ModelConfig) and not _is_vision(config):
@@ -56,6 +57,9 @@ def save(model: nn.Module, path: str | os.PathLike, tokenizer: Any = None) -> Pa
                         f"got {type(model).__name__}")
     if tokenizer is not None and not callable(getattr(tokenizer, "save", None)):
         raise TypeError(f"tokenizer must have a save(folder) method, got {type(tokenizer).__name__}")
+    if any(hasattr(m, "qweight") for m in model.modules()):  # attnlab.decoding.quantize.QuantizedLinear
+        raise ValueError("this model holds int8/bf16 decoding weights (quantize_weights): save the fp32 model and "
+                         "quantize after loading (attnlab generate --weights int8)")
     path = Path(path)
     with atomic_folder(path) as tmp:
         (tmp / CONFIG).write_text(config.to_json() + "\n", encoding="utf-8")

@@ -97,10 +97,16 @@ def fixed_layouts(module: nn.Module) -> Iterator[None]:
     optimizer step): the layout of each of its plain Linears is checked once, here, and `project`
     then takes it without its per-call checks (type, hooks, autograd, the weight's version).
 
+    A module with an `inference_layout()` method (a Linear with reduced-precision weights,
+    `attnlab.decoding.quantize`) gives its own call for the block.
+
     Blocks nest, and each thread has its own; on exit the layouts go back to being checked per call.
     """
     saved = _FIXED.layouts
-    _FIXED.layouts = {**saved, **{id(m): layout(m) for m in module.modules() if plain(m)}}
+    made = {id(m): layout(m) for m in module.modules() if plain(m)}
+    made.update((id(m), m.inference_layout()) for m in module.modules() if hasattr(m, "inference_layout")
+                and not (m._forward_hooks or m._forward_pre_hooks))
+    _FIXED.layouts = {**saved, **made}
     try:
         yield
     finally:

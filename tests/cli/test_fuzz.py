@@ -450,7 +450,7 @@ def decoding_flags() -> list[st.SearchStrategy]:
             opt("--seed", SEED), opt("--num-beams", mostly(["1", "2", "3"], ["0", "-1", "1000000000", "x"])),
             opt("--length-penalty", FLOATS), opt("--repetition-penalty", FLOATS),
             opt("--no-repeat-ngram-size", mostly(["0", "2"], ["-1", "1000000000", "x"])),
-            opt("--eos-token-id", TOKEN_ID)]
+            opt("--eos-token-id", TOKEN_ID), opt("--weights", mostly(["fp32", "bf16", "int8"], ["int4", "x", ""]))]
 
 
 # ---------------------------------------------------------------- one test per subcommand
