@@ -61,6 +61,21 @@ def _auto_precision_is_fp32(monkeypatch):
     monkeypatch.setattr(precision, "native_bf16", lambda device: False)
 
 
+@pytest.fixture(autouse=True)
+def _ctrl_c_as_in_a_terminal():
+    """A suite started in the background (`make test &`, nohup) inherits SIGINT ignored, and the
+    trainer rightly leaves an ignored SIGINT alone; the Ctrl-C tests simulate a terminal, so each
+    test starts with Python's default handler and ends with what it found."""
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    if before is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    if before is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, before)
+
+
 @pytest.fixture
 def isolated_cache(tmp_path, monkeypatch):
     """An empty $ATTNLAB_CACHE under tmp_path, and torch's thread count restored afterwards
