@@ -215,6 +215,19 @@ def _write_pair_task(out_dir: str | os.PathLike, pairs: list[tuple[str, str]], w
     return paths
 
 
+def _write_labelled_splits(out_dir: str | os.PathLike, splits: dict[str, list[tuple[str, str]]],
+                           rng: random.Random) -> dict[str, Path]:
+    """train.csv, valid.csv, test.csv (text,label), each split's rows shuffled with `rng`."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split in SPLITS:
+        rows = splits[split]
+        rng.shuffle(rows)
+        paths[split] = _write_csv(out / f"{split}.csv", ("text", "label"), rows)
+    return paths
+
+
 def play_lines(text: str, min_words: int = 6) -> list[str]:
     """Speech lines of one play's plain text: not headings (ACT/SCENE), speaker tags (NAME:)
     or stage directions (Enter/Exit/Exeunt/Re-enter), with at least `min_words` words."""
@@ -271,14 +284,7 @@ def shakespeare_plays(out_dir: str | os.PathLike, *, plays: Sequence[str] = DEFA
         for split, n in zip(SPLITS, sizes):
             splits[split].extend((line, title) for line in chosen[start:start + n])
             start += n
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for split in SPLITS:
-        rows = splits[split]
-        rng.shuffle(rows)
-        paths[split] = _write_csv(out / f"{split}.csv", ("text", "label"), rows)
-    return paths
+    return _write_labelled_splits(out_dir, splits, rng)
 
 
 def debian_sections(out_dir: str | os.PathLike, *, sections: Sequence[str] = DEFAULT_SECTIONS, seed: int = 0,
@@ -323,11 +329,4 @@ def debian_sections(out_dir: str | os.PathLike, *, sections: Sequence[str] = DEF
         chosen = rng.sample(held, n_valid + n_test)
         splits["valid"] += [(t, section) for t in chosen[:n_valid]]
         splits["test"] += [(t, section) for t in chosen[n_valid:]]
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for split in SPLITS:
-        rows = splits[split]
-        rng.shuffle(rows)
-        paths[split] = _write_csv(out / f"{split}.csv", ("text", "label"), rows)
-    return paths
+    return _write_labelled_splits(out_dir, splits, rng)
