@@ -114,6 +114,8 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=400, help="fine-tuning steps of 32 descriptions")
     p.add_argument("--lr", type=float, default=2e-4, help="fine-tuning peak learning rate (both encoders)")
+    p.add_argument("--per-section", type=int, default=400,
+                   help="labelled training descriptions per section (fewer: where pretraining should matter most)")
     args = p.parse_args()
     from attnlab.finetune.tasks import debian_sections
     from attnlab.io.files import atomic_write_text
@@ -122,7 +124,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     start, load = time.perf_counter(), loadavg()
     pretrained = pretrain(out, args.pretrained)
-    data = debian_sections(out / "data", seed=0)
+    data = debian_sections(out / "data", seed=0, n_train=args.per_section)
     models = {"pretrained": pretrained, "random": random_twin(pretrained, out)}
     runs = [finetune(name, model, data, seed, args) for seed in args.seeds for name, model in models.items()]
     fill = subprocess.run([sys.executable, "-m", "attnlab.cli.main", "fill-mask", str(pretrained), PROMPT, "--json",
