@@ -368,6 +368,41 @@ def _build_debian_sections(files: list[Path], out: Path) -> dict:
             "train_sections": dict(sorted(counts.items(), key=lambda kv: -kv[1]))}
 
 
+def _build_debian_summaries(files: list[Path], out: Path) -> dict:
+    """Long description -> synopsis pairs (English); valid: the pairs of 1 in 20 descriptions (by a
+    hash of their md5); a training pair sharing its document or its synopsis with a valid pair is
+    dropped (library families repeat both)."""
+    from attnlab.data.debian import read_descriptions, summary_pairs
+
+    pairs = summary_pairs(read_descriptions(files[0]))
+    held = lambda md5: zlib.crc32(md5.encode("ascii")) % 20 == 0
+    valid = [(document, summary) for md5, document, summary in pairs if held(md5)]
+    train = _write_pairs(out, [(document, summary) for md5, document, summary in pairs if not held(md5)], valid)
+    words = sorted(len(document.split()) for document, _ in train)
+    return {"train_pairs": len(train), "valid_pairs": len(valid), "median_document_words": words[len(words) // 2],
+            "max_document_words": words[-1]}
+
+
+def _build_debian_text(files: list[Path], out: Path) -> dict:
+    """Every English package description as a document (synopsis, then the paragraphs, one per
+    line); valid: 1 in 10 descriptions by the hash `debian-sections` holds out with, so a model
+    pretrained on train.txt has read none of that task's valid or test texts (a training
+    description whose synopsis and first paragraph equal a held-out one's is dropped too)."""
+    from attnlab.data.debian import headline, read_descriptions
+
+    descriptions = read_descriptions(files[0])
+    held = {md5 for md5 in descriptions if zlib.crc32(md5.encode("ascii")) % 10 == 0}
+    held_headlines = {headline(descriptions[md5]) for md5 in held}
+    document = lambda d: "\n".join([d.synopsis, *d.paragraphs])
+    valid = list(dict.fromkeys(document(d) for md5, d in descriptions.items() if md5 in held))
+    train = list(dict.fromkeys(document(d) for md5, d in descriptions.items()
+                               if md5 not in held and headline(d) not in held_headlines))
+    (out / "train.txt").write_text(DOC_SEPARATOR.join(train) + "\n", encoding="utf-8")
+    (out / "valid.txt").write_text(DOC_SEPARATOR.join(valid) + "\n", encoding="utf-8")
+    return {"train_documents": len(train), "valid_documents": len(valid),
+            "train_chars": sum(map(len, train)), "valid_chars": sum(map(len, valid))}
+
+
 # Known-good sha256 of the package files, recorded version first. A hash is added only after the
 # corpus built from that file was compared with the recorded one (the test of sameness is noted).
 LIBREOFFICE_VERSION = "4:7.4.7-1+deb12u14"
@@ -423,6 +458,15 @@ CORPORA: dict[str, Corpus] = {
         "pairs", (Package("apt-index:bookworm/main/Packages-amd64", DEBIAN_RELEASE, (DEBIAN_PACKAGES_AMD64,)),
                   Package("apt-index:bookworm/main/Translation-en", DEBIAN_RELEASE, DEBIAN_TRANSLATIONS["en"])),
         "DFSG-free (the packages' own licences)", _build_debian_sections),
+    "debian-summaries": Corpus(
+        "debian-summaries", "English Debian package descriptions -> their one-line synopsis (summarisation)",
+        "pairs", (Package("apt-index:bookworm/main/Translation-en", DEBIAN_RELEASE, DEBIAN_TRANSLATIONS["en"]),),
+        "DFSG-free (the packages' own licences)", _build_debian_summaries),
+    "debian-text": Corpus(
+        "debian-text", "English Debian package descriptions as documents (~55k, 22M characters; debian-sections' held-out "
+        "texts held out)", "text",
+        (Package("apt-index:bookworm/main/Translation-en", DEBIAN_RELEASE, DEBIAN_TRANSLATIONS["en"]),),
+        "DFSG-free (the packages' own licences)", _build_debian_text),
     "bible-en-es": Corpus("bible-en-es", "English->Spanish Bible verses (WEB -> Reina-Valera 1909, ~31k), "
                           "1 in 30 verses held out", "pairs", SWORD_BIBLES, "public domain", _bible_builder("verse")),
     "bible-en-es-books": Corpus("bible-en-es-books", "the same verse pairs, four books held out (Ruth, Jonah, "

@@ -111,6 +111,27 @@ def read_sections(path: str | Path) -> dict[str, str]:
     return sections
 
 
+def headline(d: Description, max_words: int = 80) -> str:
+    """The synopsis (given a full stop) and the first paragraph, cut at `max_words` words: the
+    text a section label is predicted from."""
+    words = " ".join([d.synopsis + ("." if d.synopsis[-1:].isalnum() else ""), *d.paragraphs[:1]]).split()
+    return " ".join(words[:max_words])
+
+
+def summary_pairs(descriptions: dict[str, Description], min_words: int = 20,
+                  max_words: int = 400) -> list[tuple[str, str, str]]:
+    """(md5, long description, synopsis): the long description's paragraphs joined by a space (cut
+    at `max_words` words) as the document, the one-line synopsis as its summary. Descriptions whose
+    long part is shorter than `min_words` words (a pointer to another package, a bare list) are
+    left out; a repeated (document, summary) pair is kept once."""
+    pairs: dict[tuple[str, str], str] = {}
+    for md5, d in descriptions.items():
+        words = " ".join(d.paragraphs).split()
+        if len(words) >= min_words and len(d.synopsis.split()) >= 2:
+            pairs.setdefault((" ".join(words[:max_words]), d.synopsis), md5)
+    return [(md5, document, summary) for (document, summary), md5 in pairs.items()]
+
+
 def section_rows(descriptions: dict[str, Description], sections: dict[str, str],
                  max_words: int = 80) -> list[tuple[str, str, str]]:
     """(md5, text, section): a description's synopsis and first paragraph (cut at `max_words`
@@ -122,8 +143,7 @@ def section_rows(descriptions: dict[str, Description], sections: dict[str, str],
         section = sections.get(md5)
         if not section:
             continue
-        words = " ".join([d.synopsis + ("." if d.synopsis[-1:].isalnum() else ""), *d.paragraphs[:1]]).split()
-        text = " ".join(words[:max_words])
+        text = headline(d, max_words)
         labels.setdefault(text, set()).add(section)
         rows.setdefault(text, (md5, section))
     return [(md5, text, section) for text, (md5, section) in rows.items() if len(labels[text]) == 1]
