@@ -97,7 +97,11 @@ class DataConfig:
     to all before it, across documents; `document_masked` cuts the same windows but keeps the
     documents apart (no attention across a boundary, positions from 0 in each, no loss on the
     prediction across a boundary; the decoder takes `document_ids`); `pad` puts one document
-    (or a piece of a long one) per row, padded. `check_model` says which models take it."""
+    (or a piece of a long one) per row, padded. `check_model` says which models take it.
+
+    batch_tokens (seq2seq): training batches of pairs of similar length, as many as fit this many
+    padded source + target tokens (attnlab.data.buckets), in place of batch_size random pairs,
+    which on real sentences are half padding; validation batches keep batch_size."""
 
     source: str = "shakespeare"
     valid: str | None = None
@@ -116,6 +120,7 @@ class DataConfig:
     noise_density: float = 0.15  # span_corruption
     mean_span_length: float = 3.0  # span_corruption
     max_pair_len: int = 64  # seq2seq: tokens per side
+    batch_tokens: int | None = None  # seq2seq: batches of pairs of similar length, this many padded tokens each (in place of batch_size)
     text_field: str = "text"  # JSONL text key
     verify: bool = True  # built-in corpora: refuse a package whose sha256 is not a known-good one
 
@@ -148,6 +153,11 @@ class DataConfig:
             fits = " or ".join(repr(name) for name, spec in OBJECTIVES.items() if spec.span_boundary)
             raise ConfigError(s + "span_boundary", f"true needs data.objective={fits} (the SBO predicts a masked "
                               f"span's tokens from its boundaries); objective {self.objective!r} masks no spans")
+        positive(s + "batch_tokens", self.batch_tokens, integer=True, optional=True)
+        if self.batch_tokens is not None and not objective.length_buckets:
+            fits = " or ".join(repr(name) for name, spec in OBJECTIVES.items() if spec.length_buckets)
+            raise ConfigError(s + "batch_tokens", f"{self.batch_tokens} batches sentence pairs by length: it needs "
+                              f"data.objective={fits}, got {self.objective!r} (use data.batch_size)")
         choice(s + "pack", self.pack, PACKINGS)
         if self.pack != "plain" and self.objective != "causal_lm":
             raise ConfigError(s + "pack", f"{self.pack!r} packs causal-LM rows: it needs data.objective='causal_lm', "

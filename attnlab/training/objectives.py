@@ -21,6 +21,7 @@ tests/training/test_objectives.py for one registered and trained in a test.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, ClassVar, Iterator, Sequence
 
 import numpy as np
@@ -28,6 +29,7 @@ import torch
 from torch import Tensor
 
 from attnlab.data import objectives as batches
+from attnlab.data.buckets import bucketed_batch, length_order
 from attnlab.tokenizers.boundaries import word_starts
 
 NUM_SENTINELS = 100  # T5's <extra_id_i> tokens
@@ -48,6 +50,7 @@ class Objective:
         next_sentence: data.nsp may add BERT's next-sentence task.
         span_boundary: data.span_boundary may add SpanBERT's span-boundary objective (SBO).
         bleu: validation also decodes pairs for BLEU/chrF (train.bleu_samples).
+        length_buckets: data.batch_tokens may batch pairs of similar length to a token budget.
     """
 
     arch: ClassVar[str]
@@ -57,6 +60,7 @@ class Objective:
     next_sentence: ClassVar[bool] = False
     span_boundary: ClassVar[bool] = False
     bleu: ClassVar[bool] = False
+    length_buckets: ClassVar[bool] = False
 
     def special_tokens(self, tokenizer_kind: str) -> list[str]:
         """The special tokens a tokenizer trained for this objective reserves."""
@@ -218,18 +222,31 @@ def pairs_batch(cfg: Any, tok: Any, files: Any, index: Sequence[int] | np.ndarra
                            eos_id=tok.eos_token_id, max_len=cfg.max_pair_len)
 
 
+@functools.lru_cache(maxsize=4)
+def _pair_lengths(files: tuple[Any, Any], max_pair_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(length order, source cost, target cost) of the pairs of (src, tgt) TokenFiles, each side
+    cut at `max_pair_len` plus its EOS (source) or BOS (target), as `pairs_batch` collates them."""
+    src, tgt = (np.minimum(np.diff(f.offsets), max_pair_len) + 1 for f in files)
+    return length_order(src, tgt), src, tgt
+
+
 class Seq2Seq(Objective):
     """Translation-style training on sentence pairs; validation walks the pairs in order."""
 
     arch = "encoder_decoder"
     pairs = True
     bleu = True
+    length_buckets = True
 
     def special_tokens(self, tokenizer_kind: str) -> list[str]:
         return ["<pad>", "<unk>", "<s>", "</s>"]
 
     def train_batch(self, cfg, tok, files, generator):
-        index = torch.randint(0, files[0].num_documents, (cfg.batch_size,), generator=generator).numpy()
+        if cfg.batch_tokens is None:
+            index = torch.randint(0, files[0].num_documents, (cfg.batch_size,), generator=generator).numpy()
+        else:  # pairs of similar length up to a budget of padded tokens
+            order, src, tgt = _pair_lengths(files, cfg.max_pair_len)
+            index = bucketed_batch(order, src, tgt, cfg.batch_tokens, generator)
         return pairs_batch(cfg, tok, files, index)
 
     def eval_batches(self, cfg, tok, files, num_batches):
