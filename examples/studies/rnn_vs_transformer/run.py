@@ -30,17 +30,15 @@ alignment_lstm_attention.png, alignment_transformer.png.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from common import cpu_clock_training, loadavg, read_json, run_workers, translate, write_json  # noqa: E402
+
 D = 256  # embedding width of every model
-CHUNK = 25  # steps between looks at the clock
 
 MODELS: dict[str, dict[str, Any]] = {
     # recurrent models: Adam at a constant 1e-3 after a 50-step warmup (the usual setting for
@@ -90,23 +88,6 @@ def run_config(name: str, run_dir: Path, tokenizer: Path, args: argparse.Namespa
     }
 
 
-def loadavg() -> list[float]:
-    try:
-        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
-    except OSError:
-        return []
-
-
-def read_json(path: Path) -> Any:
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
-
-
-def write_json(path: Path, data: Any) -> None:
-    from attnlab.io.files import atomic_write_text
-
-    atomic_write_text(path, json.dumps(data, indent=2) + "\n")
-
-
 def shared_tokenizer(out: Path, corpus: str) -> Path:
     """One BPE trained on the training pairs (both sides), shared by every model."""
     from attnlab.data.sources import resolve_source
@@ -124,45 +105,9 @@ def shared_tokenizer(out: Path, corpus: str) -> Path:
 # ---------------------------------------------------------------- training (one process per model)
 def train(name: str, args: argparse.Namespace) -> None:
     """Train `name` on the CPU-time clock, saving a model folder at every mark."""
-    import torch
-
-    import attnlab
-    from attnlab.training import TrainConfig, Trainer
-
-    torch.set_num_threads(1)
     out = Path(args.out)
     run_dir = out / name.replace("+", "_")
-    marks = sorted(args.marks)
-    clock = read_json(run_dir / "clock.json") or {"cpu_seconds": 0.0, "wall_seconds": 0.0, "step": 0,
-                                                   "marks": {}, "loadavg": []}
-    if all(str(m) in clock["marks"] for m in marks):
-        return
-    log = open(run_dir.parent / f"{run_dir.name}.log", "a", encoding="utf-8") if run_dir.parent.exists() else None
-    cfg = TrainConfig.from_dict(run_config(name, run_dir, out / "tokenizer.json", args))
-    trainer = Trainer(cfg, show_progress=False, log=lambda line: print(f"[{name}] {line}", file=log, flush=True))
-    resume = (run_dir / "checkpoints").exists()
-    tokenizer = trainer.task.pipeline.tokenizer
-    if resume:  # a process stopped between a chunk's checkpoint and its clock entry: count those steps at the mean rate
-        trainer.resume()
-        resume = False
-        if trainer.step > clock["step"] > 0:
-            clock["cpu_seconds"] += (trainer.step - clock["step"]) * clock["cpu_seconds"] / clock["step"]
-            clock["step"] = trainer.step
-    while not all(str(m) in clock["marks"] for m in marks):
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        trainer.fit(resume=resume, stop_at=trainer.step + CHUNK)
-        resume = False
-        clock["cpu_seconds"] += time.process_time() - cpu0
-        clock["wall_seconds"] += time.perf_counter() - wall0
-        clock["step"] = trainer.step
-        clock["loadavg"].append(loadavg()[:1] + [round(clock["cpu_seconds"])])
-        for m in marks:
-            if str(m) not in clock["marks"] and clock["cpu_seconds"] >= 60 * m:
-                attnlab.save(trainer.model, run_dir / "marks" / f"{m}min", tokenizer=tokenizer)
-                clock["marks"][str(m)] = {"step": trainer.step, "cpu_seconds": round(clock["cpu_seconds"], 1),
-                                          "wall_seconds": round(clock["wall_seconds"], 1)}
-                print(f"[{name}] mark {m} min: step {trainer.step}", file=log, flush=True)
-        write_json(run_dir / "clock.json", clock)
+    cpu_clock_training(run_config(name, run_dir, out / "tokenizer.json", args), run_dir, sorted(args.marks), name)
 
 
 # ---------------------------------------------------------------- evaluation (one process per model)
@@ -199,16 +144,6 @@ def validation_loss(folder: Path, pairs: list[tuple[str, str]], batch_size: int 
     return total / count
 
 
-def translate(folder: Path, sources: list[str], work: Path) -> list[str]:
-    """`attnlab translate --num-beams 4` over `sources` (the command users run)."""
-    src, hyp = work / "src.txt", work / "hyp.txt"
-    src.write_text("".join(s + "\n" for s in sources), encoding="utf-8")
-    cmd = [sys.executable, "-m", "attnlab.cli.main", "translate", str(folder), "--input", str(src), "--output",
-           str(hyp), "--num-beams", "4", "--max-new-tokens", "160", "--batch-size", "16", "--quiet"]
-    subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    return hyp.read_text(encoding="utf-8").splitlines()
-
-
 def evaluate(name: str, args: argparse.Namespace) -> None:
     from attnlab.evaluation import bleu_chrf
 
@@ -234,23 +169,12 @@ def worker(args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------- the driver
-def run_workers(args: argparse.Namespace) -> None:
+def run_all(args: argparse.Namespace) -> None:
     """Each model in its own one-thread process, `args.jobs` at a time."""
-    pending, running = list(args.models), {}
     base = [sys.executable, __file__, "--out", args.out, "--corpus", args.corpus, "--bleu-verses",
             str(args.bleu_verses), "--marks", *map(str, args.marks)]
-    while pending or running:
-        while pending and len(running) < args.jobs:
-            name = pending.pop(0)
-            (Path(args.out) / name.replace("+", "_")).mkdir(parents=True, exist_ok=True)
-            running[name] = subprocess.Popen(base + ["--worker", name],
-                                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-            print(f"started {name} (pid {running[name].pid})", flush=True)
-        time.sleep(5)
-        for name, proc in list(running.items()):
-            if proc.poll() is not None:
-                print(f"{name} finished with exit code {proc.returncode}", flush=True)
-                del running[name]
+    run_workers({name: base + ["--worker", name] for name in args.models}, args.jobs,
+                before=lambda name: (Path(args.out) / name.replace("+", "_")).mkdir(parents=True, exist_ok=True))
 
 
 def alignment_plots(args: argparse.Namespace, mark: int) -> dict[str, str]:
@@ -296,7 +220,7 @@ def report(args: argparse.Namespace, seconds: float) -> str:
         clock, evaluation = read_json(run_dir / "clock.json") or {}, read_json(run_dir / "evaluation.json") or {}
         table[name] = {m: {**clock.get("marks", {}).get(m, {}), **evaluation.get(m, {})} for m in evaluation}
     for key, label in (("bleu", "BLEU (beam 4, held-out verses)"), ("val_loss", "validation loss (nats/token)")):
-        series = {LABELS[n]: ([int(m) for m in rows], [rows[m][key] for m in rows]) for n, rows in table.items() if rows}
+        series = {LABELS[n]: ([float(m) for m in rows], [rows[m][key] for m in rows]) for n, rows in table.items() if rows}
         plot_lines(series, out / f"{key}_vs_time.png", xlabel="training time on one core (CPU minutes)",
                    ylabel=label, title=f"{args.corpus}: {label}")
     plots = alignment_plots(args, max(args.marks))
@@ -342,7 +266,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shared_tokenizer(out, args.corpus)
-    run_workers(args)
+    run_all(args)
     print(report(args, time.perf_counter() - start))
 
 
