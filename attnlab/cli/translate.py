@@ -4,7 +4,9 @@ Reads a file (or stdin), sorts the lines by length so that each batch holds sent
 similar length (little padding), decodes them with beam search (4 beams by default), and
 writes the translations in the input order to a file (written atomically) or stdout, with a
 progress line on stderr. Empty lines stay empty. CKPT is a folder written by
-`attnlab.save(model, path, tokenizer=...)`."""
+`attnlab.save(model, path, tokenizer=...)` or an `attnlab train` run folder. With `--reference`
+(the correct translations, line by line) it also prints sacrebleu's corpus BLEU and chrF as JSON
+on stderr."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from attnlab.cli.generate import (add_decoding_flags, check_length, decoding_kwa
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "translate", help="translate a file or stdin, one sentence per line", description=__doc__,
-        epilog="example: attnlab translate runs/en-de --input test.en --output test.de --num-beams 4 --batch-size 32",
+        epilog="example: attnlab translate runs/en-de --input test.en --output test.de --reference test.ref.de",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="folder written by attnlab.save(model, path, tokenizer=...)")
     parser.add_argument("--input", default="-", help="source file, one sentence per line ('-' = stdin, the default)")
@@ -29,6 +31,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-special-tokens", action="store_true",
                         help="feed the bare pieces: no template, no EOS (by default a source is formatted as "
                              "in training: the tokenizer's template, then EOS unless the template ends with it)")
+    parser.add_argument("--reference", default=None,
+                        help="the correct translations, one per input line: print BLEU and chrF (sacrebleu) on stderr")
     parser.add_argument("--quiet", action="store_true", help="no progress line")
     add_decoding_flags(parser, max_new=128, beams=4)
     parser.set_defaults(func=run)
@@ -59,6 +63,10 @@ def run(args: argparse.Namespace) -> int:
     if args.batch_size <= 0:
         raise ValueError(f"--batch-size must be a positive integer, got {args.batch_size}")
     lines = _read_lines(args.input)
+    references = _read_lines(args.reference) if args.reference else None
+    if references is not None and len(references) != len(lines):
+        raise ValueError(f"--reference {args.reference} has {len(references)} lines, the input {len(lines)}: "
+                         "give one reference per source line")
     model, tokenizer = load_checkpoint(args.checkpoint)
     if not hasattr(model, "encode"):
         raise ValueError(f"{args.checkpoint} holds a decoder-only model; translate needs an encoder-decoder "
@@ -95,4 +103,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"summary: {len(todo)} sentences translated ({len(lines) - len(todo)} empty lines kept empty)",
               file=sys.stderr)
+    if references is not None:
+        import json
+
+        from attnlab.evaluation import bleu_chrf
+
+        scores = {name: round(value, 2) for name, value in bleu_chrf(results, references).items()}
+        print("scores: " + json.dumps({**scores, "sentences": len(lines), "beams": args.num_beams}), file=sys.stderr)
     return 0

@@ -104,6 +104,28 @@ def test_translate_file_and_stdin_match_the_library(tmp_path, tok, capsys, monke
     assert capsys.readouterr().out.split("\n")[:-1] == expected
 
 
+def test_translate_scores_against_references_with_sacrebleu(tmp_path, tok, capsys):
+    import json
+
+    import sacrebleu
+
+    save(_model("encoder_decoder", tok.vocab_size), tmp_path / "mt", tokenizer=tok)
+    (tmp_path / "in.txt").write_text("the cat\na dog ran\nhello\n", encoding="utf-8")
+    args = ["translate", str(tmp_path / "mt"), "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "out.txt"),
+            "--num-beams", "2", "--max-new-tokens", "8", "--quiet"]
+    assert main(args) == 0
+    hyps = (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()
+    refs = [hyps[0], "a dog ran", hyps[2] + " and more"]  # one exact, one likely wrong, one longer
+    (tmp_path / "ref.txt").write_text("\n".join(refs) + "\n", encoding="utf-8")
+    assert main(args + ["--reference", str(tmp_path / "ref.txt")]) == 0
+    scores = json.loads(capsys.readouterr().err.split("scores: ")[1])
+    assert scores["bleu"] == round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2)
+    assert scores["chrf"] == round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2) and scores["sentences"] == 3
+    (tmp_path / "ref.txt").write_text("only one line\n", encoding="utf-8")
+    assert main(args + ["--reference", str(tmp_path / "ref.txt")]) == 2
+    assert "has 1 lines, the input 3" in capsys.readouterr().err
+
+
 def test_translate_feeds_the_source_as_training_did(tmp_path, tok, capsys):
     """The trainer's batches end each source with EOS; translate must too (a model is otherwise
     asked about sentences unlike any it saw), and --no-special-tokens feeds the bare pieces."""
