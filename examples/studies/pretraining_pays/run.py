@@ -47,12 +47,12 @@ def attnlab(*args: str) -> None:
                    env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
-def pretrain(out: Path, pretrained: str | None) -> Path:
+def pretrain(out: Path, pretrained: str | None, corpus: str) -> Path:
     if pretrained:
         return Path(pretrained)
     run = out / "pretrain"
-    resume = ["--resume", str(run)] if (run / "checkpoints").exists() else [str(HERE / "bert.yaml"),
-                                                                              "--train.out_dir", str(run)]
+    resume = ["--resume", str(run)] if (run / "checkpoints").exists() else [
+        str(HERE / "bert.yaml"), "--train.out_dir", str(run), "--data.source", corpus]
     attnlab("train", *resume)
     return run
 
@@ -111,6 +111,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/pretraining-pays")
     p.add_argument("--pretrained", default=None, help="a finished `attnlab train bert.yaml` run (else one is trained)")
+    p.add_argument("--corpus", default="python-docs",
+                   help="what the encoder is pretrained on (bert.yaml's python-docs, or debian-text: in-domain)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=400, help="fine-tuning steps of 32 descriptions")
     p.add_argument("--lr", type=float, default=2e-4, help="fine-tuning peak learning rate (both encoders)")
@@ -123,7 +125,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start, load = time.perf_counter(), loadavg()
-    pretrained = pretrain(out, args.pretrained)
+    pretrained = pretrain(out, args.pretrained, args.corpus)
     data = debian_sections(out / "data", seed=0, n_train=args.per_section)
     models = {"pretrained": pretrained, "random": random_twin(pretrained, out)}
     runs = [finetune(name, model, data, seed, args) for seed in args.seeds for name, model in models.items()]
