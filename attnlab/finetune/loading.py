@@ -24,6 +24,7 @@ from torch import nn
 from attnlab.config import ModelConfig
 
 TASK_HEADS = ("classification", "regression", "token_classification")
+PRETRAINING_HEADS = ("head.", "nsp_head.", "sbo_head.")  # state-dict prefixes a task head replaces
 
 
 def load_pretrained(spec: str | os.PathLike, tokenizer: str | os.PathLike | None = None) -> tuple[nn.Module, Any]:
@@ -89,14 +90,16 @@ def with_head(model: nn.Module, head: str, num_labels: int = 2, *, pooling: str 
         raise TypeError("model must be an attnlab encoder or decoder (with a ModelConfig in .config)")
     if head not in TASK_HEADS:
         raise ValueError(f"head={head!r} is not one of {', '.join(TASK_HEADS)}")
-    changes: dict[str, Any] = {"head": head, "num_labels": num_labels}
+    # the heads that only pretraining trains (BERT's next-sentence classifier, SpanBERT's
+    # span-boundary head) go; the pooler and segment embeddings stay in the backbone
+    changes: dict[str, Any] = {"head": head, "num_labels": num_labels, "nsp_head": False, "sbo_head": False}
     if pooling is not None:
         changes["classifier_pooling"] = pooling
     if dropout is not None:
         changes["dropout"] = dropout
     new_cfg = cfg.replace(**changes)
     new = build_model(new_cfg)
-    backbone = {k: v for k, v in model.state_dict().items() if not k.startswith("head.")}
+    backbone = {k: v for k, v in model.state_dict().items() if not k.startswith(PRETRAINING_HEADS)}
     missing, unexpected = new.load_state_dict(backbone, strict=False)
     bad = [k for k in missing if not k.startswith("head.")]
     if bad or unexpected:

@@ -122,3 +122,20 @@ def test_data_errors_name_the_row_or_column(tmp_path):
         LabelMap(["neg", "pos"]).encode(read_examples(unknown), str(unknown))
     with pytest.raises(FileNotFoundError):
         read_examples(tmp_path / "missing.csv")
+
+
+@pytest.mark.parametrize("pretraining", [{"sbo_head": True}, {"type_vocab_size": 2, "pooler": True, "nsp_head": True}])
+def test_an_encoder_pretrained_with_span_boundary_or_next_sentence_heads_fine_tunes(pretraining):
+    """SpanBERT's SBO head and BERT's NSP classifier are pretraining-only: the task model drops
+    them and keeps every backbone tensor (the pooler and segment embeddings included)."""
+    pretrained = tiny("encoder", head="mlm", **pretraining)
+    model = with_head(pretrained, "classification", 3, seed=0)
+    assert not model.config.sbo_head and not model.config.nsp_head
+    kept = model.state_dict()
+    for name, tensor in pretrained.state_dict().items():
+        if name.startswith(("head.", "sbo_head.", "nsp_head.")):
+            assert name not in kept or name.startswith("head.")
+        else:
+            torch.testing.assert_close(kept[name], tensor, rtol=0, atol=0)
+    batch = encode_batch(char_tokenizer(), EXAMPLES, max_length=32, padding_side="right")
+    assert model(batch["input_ids"], batch["attention_mask"]).shape == (3, 3)
