@@ -88,7 +88,7 @@ def config_to_hf(cfg: ModelConfig) -> tuple[dict[str, Any], str]:
         "attention.num_kv_heads": (None, cfg.num_heads), "head_dim": (None, cfg.d_model // cfg.num_heads),
         "position.scheme": "learned", "position.learned_offset": 0, "embedding_scale": False,
         "embedding_norm": True, "activation": tuple(_ACT_TO_HF), "pooler": cfg.head != "mlm",
-        "classifier_pooling": "first",
+        "classifier_pooling": "first", "sbo_head": False,  # SpanBERT's span-boundary head has no BERT counterpart
     })
     if cfg.type_vocab_size < 1:
         raise ValueError("this config cannot be expressed as a BERT model: type_vocab_size=0 (needs >= 1)")

@@ -43,3 +43,10 @@ def test_the_original_transformer_is_not_a_marian_model():
         hf_export(model, family="llama")
     with pytest.raises(TypeError, match="build_model"):
         hf_export(torch.nn.Linear(2, 2))
+
+
+def test_a_spanbert_encoder_is_refused_naming_its_span_boundary_head():
+    cfg = attnlab.presets.get("bert-base", **SMALL).replace(position={"scheme": "learned", "max_len": 32},
+                                                            head="mlm", pooler=False, sbo_head=True)
+    with pytest.raises(ValueError, match=r"BERT model: sbo_head=True \(needs False\)"):
+        hf_export(attnlab.build_model(cfg))
