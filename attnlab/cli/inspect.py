@@ -223,9 +223,11 @@ def _cost(args: argparse.Namespace) -> int:
     attn = sum(r.flops for r in rows if r.name.endswith(".scores"))
     dense = sum(r.flops for r in rows if r.name.endswith((".projections", ".ffn")))
     t_star = crossover_seq_len(cfg)
-    print(f"T^2 terms (scores + weighted sum): {attn:,} FLOPs; T d^2 terms (projections + FFN): {dense:,} FLOPs")
-    print(f"per self-attention layer, 4 T^2 H Dh overtakes the projections + FFN at T* = {t_star:,.0f} "
-          f"(2 d_model + d_ff = {2 * cfg.d_model + cfg.d_ff:,} for plain multi-head attention); "
+    kernel = args.kernel or cfg.attention.kernel
+    print(f"attention (scores + weighted sum, as kernel {kernel!r} computes them): {attn:,} FLOPs; "
+          f"projections + FFN (T d^2 terms): {dense:,} FLOPs")
+    print(f"for dense attention, 4 T^2 H Dh per self-attention layer overtakes the projections + FFN at "
+          f"T* = {t_star:,.0f} (2 d_model + d_ff = {2 * cfg.d_model + cfg.d_ff:,} for plain multi-head attention); "
           f"T = {args.seq_len} is {'above' if args.seq_len > t_star else 'below'} it")
     return 0
 
