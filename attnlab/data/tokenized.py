@@ -10,20 +10,37 @@ every part goes through a temporary file and a rename.
     window = tokens.window(1000, 257)          # np.ndarray (257,)
     docs = tokens.document_index(starts, 257)  # the document of each token of the windows at starts
     starts, lengths = tokens.chunks(257)       # rows that stay inside one document each
+
+Building encodes on every core: the pieces are grouped into batches of about `BATCH_CHARS`
+characters, forked worker processes encode the batches (a few in flight per worker, so a corpus
+larger than memory streams through), and the parent writes their ids in the order read. Each
+piece is encoded whole by the same `encode`, so the files are byte for byte those of one process.
 """
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
+import multiprocessing
 import os
+import signal
+import sys
+from collections import deque
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 import torch
 
 from attnlab.io.progress import Progress
 from attnlab.io.files import atomic_file, atomic_write_text
+
+
+BATCH_CHARS = 1 << 18  # characters of text per batch a worker encodes
+IN_FLIGHT = 2  # batches handed to each worker ahead of the one written
+
+Batch = list[tuple[str, bool]]  # (piece, ends_document) pairs
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -157,7 +174,8 @@ class TokenFile:
     @classmethod
     def build(cls, prefix: str | os.PathLike, pieces: Iterable[tuple[str, bool]] | Iterable[str],
               encode: Callable[[str], list[int]], vocab_size: int, *, eos_id: int | None = None,
-              total_chars: int | None = None, source: str = "", show_progress: bool = True) -> "TokenFile":
+              total_chars: int | None = None, source: str = "", show_progress: bool = True,
+              workers: int | None = None) -> "TokenFile":
         """Tokenise text into a token file.
 
         Args:
@@ -169,31 +187,35 @@ class TokenFile:
             total_chars: characters expected (for the progress ETA).
             source: recorded in the sidecar.
             show_progress: print a progress line (characters/s and ETA) on stderr.
+            workers: processes that encode (None: one per available core; 1: in this process).
+                Text of one batch or less, and platforms other than Linux (workers are forked),
+                encode in this process.
 
         Returns:
             the opened TokenFile.
+
+        Raises:
+            ValueError: `encode` returned ids outside [0, vocab_size); `workers` below 1.
         """
+        if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+            raise ValueError(f"workers must be a positive int or None (every core), got {workers!r}")
         prefix = Path(prefix)
         prefix.parent.mkdir(parents=True, exist_ok=True)
         dtype = token_dtype(vocab_size)
-        limit = np.iinfo(dtype).max
+        encode_batch = functools.partial(_encode_batch, encode=encode, eos_id=eos_id, dtype=dtype,
+                                         vocab_size=vocab_size)
         offsets, count = [0], 0
         bar = Progress(total_chars, unit="char", desc=f"tokenise {prefix.name}", enabled=show_progress)
         # both files are renamed into place only when complete, the .bin first
         with atomic_file(prefix.with_suffix(".idx")) as tmp_idx, atomic_file(prefix.with_suffix(".bin")) as tmp_bin:
             with open(tmp_bin, "wb") as out:
-                for item in pieces:
-                    text, ends = (item, True) if isinstance(item, str) else item
-                    ids = list(encode(text))
-                    if ends and eos_id is not None:
-                        ids.append(eos_id)
-                    if ids and (min(ids) < 0 or max(ids) > limit or max(ids) >= vocab_size):
-                        raise ValueError(f"encode returned ids outside [0, {vocab_size})")
-                    np.asarray(ids, dtype=dtype).tofile(out)
-                    count += len(ids)
-                    if ends:
-                        offsets.append(count)
-                    bar.update(len(text))
+                for batch, (data, lengths) in encoded_batches(_batches(pieces), encode_batch, workers):
+                    out.write(data)
+                    for (text, ends), length in zip(batch, lengths):
+                        count += length
+                        if ends:
+                            offsets.append(count)
+                    bar.update(sum(len(text) for text, _ in batch))
             if offsets[-1] != count:  # a stream that ended inside a document
                 offsets.append(count)
             np.asarray(offsets, dtype=np.int64).tofile(tmp_idx)
@@ -202,3 +224,97 @@ class TokenFile:
                 "vocab_size": vocab_size, "eos_id": eos_id, "source": source}
         atomic_write_text(prefix.with_suffix(".json"), json.dumps(meta, indent=2) + "\n")
         return cls(prefix)
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # (not on every platform)
+        return os.cpu_count() or 1
+
+
+def _batches(pieces: Iterable[tuple[str, bool]] | Iterable[str]) -> Iterator[Batch]:
+    """`(piece, ends_document)` pairs (a str is a whole document) in lists of about `BATCH_CHARS`
+    characters; a piece is never cut."""
+    batch: Batch = []
+    size = 0
+    for item in pieces:
+        text, ends = (item, True) if isinstance(item, str) else item
+        batch.append((text, ends))
+        size += len(text)
+        if size >= BATCH_CHARS:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _encode_batch(batch: Batch, *, encode: Callable[[str], list[int]], eos_id: int | None, dtype: np.dtype,
+                  vocab_size: int) -> tuple[bytes, list[int]]:
+    """The ids of a batch's pieces back to back (EOS after each document's end) as `dtype`
+    bytes, and the number of ids of each piece.
+
+    Raises:
+        ValueError: `encode` returned an id outside [0, vocab_size).
+    """
+    ids: list[int] = []
+    lengths = []
+    for text, ends in batch:
+        piece = list(encode(text))
+        if ends and eos_id is not None:
+            piece.append(eos_id)
+        if piece and (min(piece) < 0 or max(piece) >= vocab_size):
+            raise ValueError(f"encode returned ids outside [0, {vocab_size})")
+        ids.extend(piece)
+        lengths.append(len(piece))
+    return np.asarray(ids, dtype=dtype).tobytes(), lengths
+
+
+def encoded_batches(batches: Iterable[Batch], encode_batch: Callable[[Batch], tuple[bytes, list[int]]],
+                    workers: int | None) -> Iterator[tuple[Batch, tuple[bytes, list[int]]]]:
+    """`(batch, encode_batch(batch))` for each batch, in order: in forked worker processes when
+    there are several workers and more than one batch, else in this process.
+
+    The first batch is encoded here, before the workers fork: they inherit `encode_batch` as
+    it then is (never pickled), its tokenizer's cache of encoded words warm. Each worker gets
+    `IN_FLIGHT` batches ahead of the one being written (memory stays bounded whatever the corpus
+    size) and ignores Ctrl-C (the parent stops them). An error in a worker is raised here.
+    """
+    batches = iter(batches)
+    head = list(itertools.islice(batches, 2))
+    workers = available_cores() if workers is None else workers
+    if workers == 1 or len(head) < 2 or not _can_fork():
+        for batch in itertools.chain(head, batches):
+            yield batch, encode_batch(batch)
+        return
+    yield head[0], encode_batch(head[0])
+    with multiprocessing.get_context("fork").Pool(workers, _start_worker, (encode_batch,)) as pool:
+        pending: deque = deque()
+        for batch in itertools.chain(head[1:], batches):
+            pending.append((batch, pool.apply_async(_run_worker, (batch,))))
+            if len(pending) > IN_FLIGHT * workers:
+                batch, result = pending.popleft()
+                yield batch, result.get()
+        while pending:
+            batch, result = pending.popleft()
+            yield batch, result.get()
+
+
+def _can_fork() -> bool:
+    """Workers are forked (they inherit the encoder as it is): on Linux only, where forking
+    is the usual way (macOS's system libraries are not safe to fork)."""
+    return sys.platform.startswith("linux") and "fork" in multiprocessing.get_all_start_methods()
+
+
+_WORKER_ENCODE: Callable[[Batch], tuple[bytes, list[int]]] | None = None  # set in each forked worker
+
+
+def _start_worker(encode_batch: Callable[[Batch], tuple[bytes, list[int]]]) -> None:
+    global _WORKER_ENCODE
+    _WORKER_ENCODE = encode_batch
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _run_worker(batch: Batch) -> tuple[bytes, list[int]]:
+    return _WORKER_ENCODE(batch)

@@ -51,10 +51,16 @@ def alphabet() -> list[str]:
     return sorted(byte_to_char().values())
 
 
+@functools.lru_cache(maxsize=None)
+def _latin1_to_char() -> dict[int, str]:
+    """:func:`byte_to_char` as a ``str.translate`` table over Latin-1 characters (byte b is
+    character b in Latin-1), for the bytes that are not their own character."""
+    return {b: c for b, c in byte_to_char().items() if chr(b) != c}
+
+
 def to_byte_chars(text: str) -> str:
     """Spell ``text``'s UTF-8 bytes in the byte alphabet: ``" héllo"`` → ``"ĠhÃ©llo"``."""
-    table = byte_to_char()
-    return "".join(table[b] for b in text.encode("utf-8"))
+    return text.encode("utf-8").decode("latin-1").translate(_latin1_to_char())
 
 
 def decode_byte_tokens(tokens: list[str]) -> str:
@@ -80,13 +86,18 @@ def split_text(text: str, pattern: regex.Pattern[str]) -> list[str]:
 
     GPT-2's pattern matches every character, so there are no gaps with it; a custom pattern
     may leave some, and keeping them makes sure no text is ever dropped (Hugging Face's
-    ``Split(behavior="isolated")`` does the same).
+    ``Split(behavior="isolated")`` does the same). When the matches cover the text (as GPT-2's
+    always do), ``findall`` alone gives the pieces, without a Python step per match.
 
     Example:
         >>> split_text("Hello world!!  ok", regex.compile(GPT2_PATTERN))
         ['Hello', ' world', '!!', ' ', ' ok']
     """
-    pieces: list[str] = []
+    if not pattern.groups:  # (with groups, findall returns the groups, not the matches)
+        pieces = pattern.findall(text)
+        if sum(map(len, pieces)) == len(text) and "" not in pieces:
+            return pieces
+    pieces = []
     pos = 0
     for match in pattern.finditer(text):
         start, end = match.span()

@@ -108,8 +108,8 @@ def train_tokenizer(
                 f"(256 bytes + {len(tokens)} special tokens), got {vocab_size}"
             )
         model = BPEModel({}, [], pattern=pattern, add_prefix_space=add_prefix_space)
-        counts = count_words(texts_or_files, lambda s: map(to_byte_chars, model.pieces(s)), tokens, show_progress)
-        vocab, merges = train_bpe(counts, vocab_size, tokens, min_frequency, show_progress)
+        words = byte_words(count_words(texts_or_files, model.pieces, tokens, show_progress))
+        vocab, merges = train_bpe(words, vocab_size, tokens, min_frequency, show_progress)
         model = BPEModel(vocab, merges, pattern=pattern, add_prefix_space=add_prefix_space)
     elif kind == "wordpiece":
         normalizer = Normalizer.bert(lowercase=lowercase)
@@ -128,6 +128,20 @@ def train_tokenizer(
         model = CharModel(train_char(counts, size, tokens, max(min_frequency, 1)), unk_token=roles["unk"])
     added = [AddedToken(t, model.vocab[t]) for t in tokens]
     return {"model": model, "added_tokens": added, "roles": roles}
+
+
+def byte_words(piece_counts: Mapping[str, int]) -> dict[str, int]:
+    """Pre-tokenized pieces → the same counts keyed by their bytes in the byte alphabet
+    (``" hé"`` → ``"ĠhÃ©"``; one word per piece, as UTF-8 is one-to-one). Counting the pieces
+    first converts each distinct piece once, not each occurrence.
+
+    Raises:
+        ValueError: a piece that is not valid Unicode (a lone surrogate).
+    """
+    try:
+        return {to_byte_chars(piece): count for piece, count in piece_counts.items()}
+    except UnicodeEncodeError as err:
+        raise ValueError(f"texts_or_files: text that cannot be encoded as UTF-8 (a lone surrogate?): {err}") from None
 
 
 def warn_if_short(kind: str, requested: int | None, reached: int, min_frequency: int | None, *,

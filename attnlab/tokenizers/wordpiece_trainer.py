@@ -29,7 +29,6 @@ from __future__ import annotations
 import heapq
 from collections import Counter, defaultdict
 
-from attnlab.tokenizers.bpe_trainer import _merge_word
 from attnlab.io.progress import Progress
 
 CRITERIA = ("frequency", "likelihood")
@@ -152,3 +151,28 @@ def train_wordpiece(
         progress.update(1, f"({len(token_to_id)} tokens)")
     progress.close(f"({len(token_to_id)} tokens)")
     return token_to_id
+
+
+def _merge_word(word: list[int], left: int, right: int, new_id: int) -> list[tuple[tuple[int, int], int]]:
+    """Merge ``left right`` → ``new_id`` in place, left to right; return pair count changes.
+
+    The merged pair's own count is left alone (it is not offered again), as in Hugging Face.
+
+    Example:
+        >>> w = [1, 2, 2, 3]
+        >>> _merge_word(w, 2, 2, 9), w
+        ([((1, 2), -1), ((1, 9), 1), ((2, 3), -1), ((9, 3), 1)], [1, 9, 3])
+    """
+    changes: list[tuple[tuple[int, int], int]] = []
+    i = 0
+    while i < len(word) - 1:
+        if word[i] == left and word[i + 1] == right:
+            if i > 0:
+                changes.append(((word[i - 1], left), -1))
+                changes.append(((word[i - 1], new_id), 1))
+            word[i : i + 2] = [new_id]
+            if i < len(word) - 1:
+                changes.append(((right, word[i + 1]), -1))
+                changes.append(((new_id, word[i + 1]), 1))
+        i += 1
+    return changes

@@ -2,27 +2,31 @@
 
 The two agree on tie-breaking (equal counts: the pair with the smaller ids first; ids: the
 specials, then the byte alphabet in code point order, then merges in order), so equality is
-exact, including on small random corpora full of ties.
+exact, on real text (the Python reference manual's prose and code, which ships with Python),
+and on small random corpora full of ties.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import warnings
+from collections import Counter
 from pathlib import Path
 
+import pydoc_data.topics
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 import tokenizers as hf
 
-from attnlab.tokenizers import Tokenizer
-from attnlab.tokenizers.bpe_trainer import _merge_word, train_bpe
+from attnlab.tokenizers import Tokenizer, corpus as corpus_module
+from attnlab.tokenizers.bpe_trainer import _merge_pair, train_bpe
 from attnlab.tokenizers.bytelevel import to_byte_chars
 from tokenizer_samples import training_corpus
 
 
-def hf_train(lines, vocab_size, min_frequency, special_tokens):
+def hf_train(lines_or_file, vocab_size, min_frequency, special_tokens):
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     tok = hf.Tokenizer(models.BPE())
@@ -30,7 +34,10 @@ def hf_train(lines, vocab_size, min_frequency, special_tokens):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=special_tokens,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(lines, trainer)
+    if isinstance(lines_or_file, Path):
+        tok.train([str(lines_or_file)], trainer)
+    else:
+        tok.train_from_iterator(lines_or_file, trainer)
     return tok
 
 
@@ -71,11 +78,66 @@ def test_same_merges_as_hf_on_tie_heavy_corpora(lines, extra, min_frequency):
     assert ours.get_vocab() == theirs.get_vocab()
 
 
-def test_merge_word_reports_count_changes():
-    word = [1, 2, 2, 2, 3]
-    changes = _merge_word(word, 2, 2, 9)
-    assert word == [1, 9, 2, 3]  # left to right, no overlap
-    assert changes == [((1, 2), -1), ((1, 9), 1), ((2, 2), -1), ((9, 2), 1)]
+@pytest.mark.parametrize("vocab_size", [3000, 12000])  # 12,000: more than the text has pairs for (it stops)
+def test_same_merges_as_hf_on_real_text(tmp_path: Path, monkeypatch, vocab_size):
+    """The Python reference manual (465k characters of prose and examples), read from a file in
+    chunks of a few lines (as a corpus larger than memory is), against HF reading the file."""
+    path = tmp_path / "reference.txt"
+    path.write_text("".join(pydoc_data.topics.topics.values()), encoding="utf-8", newline="")
+    monkeypatch.setattr(corpus_module, "CHUNK_CHARS", 300)
+    theirs = hf_train(path, vocab_size, 2, ["<|endoftext|>"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (12,000 is not reached)
+        ours = Tokenizer.train(path, kind="bpe", vocab_size=vocab_size)
+    assert len(ours.model.merges) > 2500
+    assert ours.model.merges == hf_merges(theirs)
+    assert ours.get_vocab() == theirs.get_vocab()
+
+
+def _pairs(words, counts, merged):
+    """Reference: the weighted count of every adjacent pair, recounted from scratch."""
+    total: Counter = Counter()
+    for word, count in zip(words, counts):
+        for pair in zip(word, word[1:]):
+            if pair != merged:
+                total[pair] += count
+    return total
+
+
+@settings(max_examples=200, deadline=None)
+@given(words=st.lists(st.lists(st.integers(1, 3), min_size=1, max_size=9), min_size=1, max_size=6),
+       data=st.data())
+def test_merge_pair_keeps_counts_equal_to_a_recount(words, data):
+    """After merging (1, 2) -> 7 in every word, the counts kept up to date around the merges are
+    those of a recount (the merged pair's own count aside: it is never offered again), each word
+    is merged left to right, and each new pair is reported with every word it is in."""
+    shift = 3
+    counts = data.draw(st.lists(st.integers(1, 5), min_size=len(words), max_size=len(words)))
+    before = _pairs(words, counts, None)
+    pair_counts = {a << shift | b: n for (a, b), n in before.items()}
+    merged = [list(w) for w in words]
+    formed = _merge_pair(merged, counts, pair_counts, list(range(len(words))), 1, 2, 7, shift)
+    after = _pairs(merged, counts, (1, 2))
+    kept = {k: n for k, n in pair_counts.items() if k != 1 << shift | 2}
+    assert kept == {a << shift | b: n for (a, b), n in after.items()}
+    assert merged == [_merge_left_to_right(w, (1, 2), 7) for w in words]
+    for w, word in enumerate(merged):
+        for a, b in zip(word, word[1:]):
+            if 7 in (a, b):
+                found = formed[a << shift | b]
+                assert w in ([found] if isinstance(found, int) else found)
+
+
+def _merge_left_to_right(word, pair, new_id):
+    out, i = [], 0
+    while i < len(word):
+        if tuple(word[i:i + 2]) == pair:
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(word[i])
+            i += 1
+    return out
 
 
 def test_vocab_holds_specials_bytes_then_merges():
@@ -108,6 +170,11 @@ def test_files_train_like_their_lines(tmp_path: Path, corpus):
     from_paths = Tokenizer.train([path, path], kind="bpe", vocab_size=500)
     assert from_file.model.merges == from_lines.model.merges
     assert from_paths.get_vocab().keys() >= {"<|endoftext|>"}
+
+
+def test_text_that_is_not_unicode_is_a_clear_error():
+    with pytest.raises(ValueError, match="lone surrogate"):
+        Tokenizer.train(["fine", "broken \ud800 text"], kind="bpe", vocab_size=300)
 
 
 def test_vocab_size_below_bytes_and_specials_is_rejected():

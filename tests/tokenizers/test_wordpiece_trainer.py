@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from attnlab.tokenizers import Tokenizer
-from attnlab.tokenizers.wordpiece_trainer import train_wordpiece
+from attnlab.tokenizers.wordpiece_trainer import _merge_word, train_wordpiece
 from tokenizer_samples import training_corpus
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -88,3 +88,10 @@ def test_errors():
         train_wordpiece({"ab": 2}, 10, criterion="entropy")
     with pytest.raises(ValueError, match="special_tokens"):
         Tokenizer.train(["abc"], kind="wordpiece", special_tokens=["[PAD]"])  # no [UNK]
+
+
+def test_merge_word_reports_count_changes():
+    word = [1, 2, 2, 2, 3]
+    changes = _merge_word(word, 2, 2, 9)
+    assert word == [1, 9, 2, 3]  # left to right, no overlap
+    assert changes == [((1, 2), -1), ((1, 9), 1), ((2, 2), -1), ((9, 2), 1)]
