@@ -21,6 +21,13 @@ checkpoint). One run writes to an out_dir at a time: a second `attnlab train` on
 that a live run holds is refused, naming it (the lock is OUT/.attnlab.lock, removed at exit; a
 lock left by a killed run on this machine is taken over).
 
+Scale out with `--nproc N` (it re-launches the command under torchrun; torchrun by hand runs it on
+several machines): N data-parallel replicas by default, or the layout of a `parallel` section,
+`parallel: {tp: 2, pp: 2, micro_batches: 4, schedule: 1f1b}` (tensor x pipeline x data = N,
+attnlab.training.config.ParallelConfig). The layout is checked against the model and the data
+before any process starts; checkpoints hold the whole model, so a run resumes on another layout:
+`attnlab train --resume OUT --parallel.tp 1 --parallel.pp 1` continues it in one process.
+
 Start from pretrained weights with `model.init_from`: an `attnlab.save` folder, an `attnlab
 train` run folder or a Hugging Face folder (GPT-2, BERT, BART, Marian, T5) — continued pretraining
 on your text, or a GPT-2/BART/T5/Marian fine-tuned on your text or sentence pairs. The run then
@@ -168,8 +175,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("config", nargs="?",
                         help="run config (.yaml, .yml or .json), or a run folder (or its config.json) to rebuild")
     parser.add_argument("--nproc", type=int, default=1,
-                        help="data-parallel processes on this machine: re-launches itself under torchrun "
-                             "(DDP; gloo on CPU, NCCL on GPU); also accepted after CONFIG")
+                        help="processes on this machine: re-launches itself under torchrun (gloo on CPU, NCCL on "
+                             "GPU); data parallel, or the config's parallel section (tp x pp x dp = N); also "
+                             "accepted after CONFIG")
     parser.add_argument("--resume", nargs=argparse.REMAINDER, metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its saved config and latest checkpoint: attnlab "
                              "train --resume RUN_DIR [--SECTION.FIELD VALUE ...]; after CONFIG, continue CONFIG's run")
@@ -207,33 +215,44 @@ def _main(args: argparse.Namespace) -> int:
     config, items = _command_line(args)
     nproc, rest = pop_nproc(items)  # [parallel] --nproc N: run this command under torchrun
     nproc = max(nproc, args.nproc)
-    if nproc > 1 and "WORLD_SIZE" not in os.environ:
-        parse_overrides(rest)  # a bad override is an error here, not in N processes
-        return relaunch(nproc, ["train", config, *rest])
+    launcher = "WORLD_SIZE" not in os.environ  # not yet one of torchrun's processes
     main_rank = os.environ.get("RANK", "0") == "0"
     if not main_rank:
         sys.stdout = open(os.devnull, "w")  # [parallel] rank 0 prints
     overrides, flags = parse_overrides(rest)
-    # the model section too is validated here, before the data is prepared
+    # the model section too is validated here, before the data is prepared (and before N processes start)
     cfg = resolve(config, overrides, resume=flags["resume"])
+    if launcher and not flags["print_config"]:
+        from attnlab.parallel.layout import check_layout
+
+        check_layout(cfg, nproc)  # [parallel] the layout against N, the model and the data: one error, not N
+        if nproc > 1:
+            return relaunch(nproc, ["train", config, *rest])
     print(json.dumps(cfg.to_dict(), indent=2), flush=True)
     if flags["print_config"]:
         return 0
     from contextlib import nullcontext
 
     from attnlab.io.lock import RunLock
+    from attnlab.training.distributed import CollectiveError
     from attnlab.training.trainer import NonFiniteLossError, Trainer, TrainingInterrupted
 
     # one writer per out_dir, from the data preparation (it writes tokenizer.json) to the end
     lock = RunLock(cfg.train.out_dir, what="train.out_dir", command=shlex.join(["attnlab", "train", config, *rest]))
     with lock if main_rank else nullcontext():  # [parallel] rank 0 writes
         trainer = Trainer(cfg)
-        n_params = sum(p.numel() for p in trainer.model.parameters())
-        print(f"model: {trainer.model.config.arch}, {n_params:,} parameters; device {trainer.device}", flush=True)
+        held = trainer.mesh.module if trainer.mesh is not None else trainer.model  # [parallel] tp / pp: rank 0's part
+        n_params = sum(p.numel() for p in held.parameters())
+        ctx = trainer.parallel
+        part = "" if trainer.mesh is None else f" on rank 0 of tp={ctx.tp_size} x pp={ctx.pp_size} x dp={ctx.dp_size}"
+        print(f"model: {trainer.model.config.arch}, {n_params:,} parameters{part}; device {trainer.device}", flush=True)
         try:
             summary = trainer.fit(resume=flags["resume"])
         except NonFiniteLossError as err:
             print(f"attnlab train: error: {err}", flush=True)
+            return 1
+        except CollectiveError as err:  # [parallel] a peer died or hangs: every rank says so (stderr) and stops
+            print(f"attnlab train: error: {err}", file=sys.stderr, flush=True)
             return 1
         except TrainingInterrupted as err:
             world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -9,7 +9,9 @@ process mesh; `plan_layout` predicts a layout's memory per rank, communication a
     model = wrap_model(model, ctx)                       # DDP over ctx.dp_group
 
 See attnlab/parallel/tensor.py for what tensor parallel supports, cost.py for the bytes each
-layer communicates, checkpoint.py for full checkpoints (gather on save, shard on load). The process
+layer communicates, checkpoint.py for full checkpoints (gather on save, shard on load); mesh.py
+for the Trainer's hooks when `attnlab train` runs a `parallel: {tp, pp, dp}` layout, layout.py
+for what such a layout asks of the run's config (`check_layout`). The process
 context (`init_from_env`, `ParallelContext`) lives in attnlab/training/distributed.py beside the
 trainer's data-parallel hooks; this package builds on it.
 """
@@ -21,13 +23,14 @@ from attnlab.parallel.data import (all_reduce_gradients, all_reduce_metrics, is_
                                    unwrap, wrap_model)
 from attnlab.training.distributed import CollectiveError, LossModule, ParallelContext, init_from_env, shutdown
 from attnlab.parallel.launch import WorkerError, free_port, spawn
+from attnlab.parallel.layout import check_layout
 from attnlab.parallel.pipeline import Pipeline, check_pipeline_supported, split_stages, stage_layers
 from attnlab.parallel.plan import format_plan, plan_layout
 from attnlab.parallel.tensor import check_supported, tensor_parallel, vocab_parallel_cross_entropy
 
 __all__ = [
     "CollectiveError", "LossModule", "ParallelContext", "Pipeline", "WorkerError", "all_reduce_gradients",
-    "all_reduce_metrics", "check_pipeline_supported", "check_supported", "format_plan", "plan_layout",
+    "all_reduce_metrics", "check_layout", "check_pipeline_supported", "check_supported", "format_plan", "plan_layout",
     "split_stages", "stage_layers", "copy_to_parallel", "free_port", "gather_from_parallel", "gather_full_state",
     "gather_optimizer_state", "init_from_env", "is_main", "load_full_checkpoint", "load_optimizer_state",
     "reduce_from_parallel", "save_full_checkpoint", "shard_batch", "shard_batches", "shutdown", "spawn",

@@ -38,16 +38,17 @@ def _named_params(model: nn.Module) -> dict[str, nn.Parameter]:
     return dict(model.named_parameters())  # tied parameters under their first name only
 
 
-def gather_full_state(model: nn.Module) -> dict[str, Tensor]:
+def gather_full_state(model: nn.Module, group=None) -> dict[str, Tensor]:
     """The model's state dict in the full (unsharded) layout; every tensor-parallel rank must call.
 
     Args:
-        model: a model, tensor-parallel (`tensor_parallel`) or not.
+        model: a model, tensor-parallel (`tensor_parallel`) or not, or a part of one (a pipeline stage).
+        group: the tensor-parallel group; default the model's `tp_group`.
 
     Returns:
         name -> tensor, each tied tensor under its first name.
     """
-    group = getattr(model, "tp_group", None)
+    group = group if group is not None else getattr(model, "tp_group", None)
     params = dict(model.named_parameters(remove_duplicate=False))  # every name of a tied parameter
     out: dict[str, Tensor] = {}
     seen: set[int] = set()
@@ -65,9 +66,10 @@ def gather_full_state(model: nn.Module) -> dict[str, Tensor]:
     return out
 
 
-def gather_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Tensor]:
-    """Optimizer state in the full layout, flat `PARAM_NAME/STATE_KEY` -> tensor (all ranks call)."""
-    group = getattr(model, "tp_group", None)
+def gather_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, group=None) -> dict[str, Tensor]:
+    """Optimizer state in the full layout, flat `PARAM_NAME/STATE_KEY` -> tensor (all ranks call);
+    `group` as in `gather_full_state`."""
+    group = group if group is not None else getattr(model, "tp_group", None)
     out: dict[str, Tensor] = {}
     for name, p in _named_params(model).items():
         for key, value in optimizer.state.get(p, {}).items():

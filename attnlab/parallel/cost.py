@@ -39,9 +39,11 @@ def ring_factor(k: int) -> float:
     return 2 * (k - 1) / k if k > 1 else 0.0
 
 
-def sharded_numel(model: nn.Module) -> tuple[int, int]:
-    """(elements split by tensor parallel, elements replicated), counting tied tensors once."""
+def sharded_numel(model: nn.Module, tp: int = 1) -> tuple[int, int]:
+    """(elements split by tensor parallel, elements replicated), counting tied tensors once; a
+    vocabulary tp does not divide counts as padded to a multiple of tp rows (attnlab.parallel.tensor)."""
     split: set[int] = set()
+    vocabulary: set[int] = set()
     for m in model.modules():
         if isinstance(m, MultiHeadAttention):
             projections = [lin for lin in (m.qkv_proj, m.q_proj, m.kv_proj) if lin is not None]
@@ -59,9 +61,16 @@ def sharded_numel(model: nn.Module) -> tuple[int, int]:
         else:
             continue
         split.update(id(p) for p in names if p is not None)
+        if isinstance(m, (Embeddings, LMHead, MLMHead)):
+            vocabulary.update(id(p) for p in names if p is not None)
     unique = {id(p): p for p in model.parameters()}
-    n_split = sum(p.numel() for i, p in unique.items() if i in split)
-    return n_split, sum(p.numel() for p in unique.values()) - n_split
+
+    def padded(i: int, p: nn.Parameter) -> int:
+        rows = p.shape[0]
+        return (rows + (-rows % tp if i in vocabulary else 0)) * (p.numel() // rows)
+
+    n_split = sum(padded(i, p) for i, p in unique.items() if i in split)
+    return n_split, sum(p.numel() for i, p in unique.items() if i not in split)
 
 
 def communication_cost(config: ModelConfig, *, tp: int, dp: int, seq_len: int, batch: int,
@@ -99,7 +108,7 @@ def communication_cost(config: ModelConfig, *, tp: int, dp: int, seq_len: int, b
         note = f"attnlab's tensor parallel would refuse this config: {err}"
     with torch.device("meta"):
         model = build_model(config)
-    n_split, n_rep = sharded_numel(model)
+    n_split, n_rep = sharded_numel(model, tp)
     params_per_rank = n_split // tp + n_rep
     s, B, D = bytes_per_value, batch, config.d_model
     T = seq_len

@@ -176,10 +176,19 @@ def shared_parameters(model: nn.Module, stages: list[StageModule]) -> list[tuple
     return out
 
 
-def _is_backend_error(err: RuntimeError) -> bool:
+def is_backend_error(err: RuntimeError) -> bool:
     """Whether err comes from the communication backend (a peer gone, a timeout), not from the
     model: NCCL raises DistError subclasses, gloo plain RuntimeErrors naming itself."""
     return isinstance(err, dist.DistError) or "gloo" in str(err).lower()
+
+
+def _collective_error(index: int, num_stages: int, err: RuntimeError) -> RuntimeError:
+    """The CollectiveError naming this stage for a backend error (`is_backend_error`)."""
+    from attnlab.training.distributed import CollectiveError
+
+    return CollectiveError(f"pipeline stage {index} of {num_stages}: a send, receive or all-reduce failed or timed "
+                           f"out; another rank probably died or hangs. "
+                           f"Cause: {str(err).splitlines()[0] if str(err) else type(err).__name__}")
 
 
 def _schedules() -> dict[str, type]:
@@ -212,6 +221,7 @@ class Pipeline:
             cross-entropy summed over targets that are not `ignore_index`. Each step divides it by
             the number of such targets in the whole batch.
         ignore_index: targets that take no loss.
+        label_smoothing: eps of the default loss (PyTorch's definition, as `attnlab.training.losses`).
         dp_group: the data-parallel group of this stage (`ParallelContext.dp_group`: the same
             stage of the other pipelines, each given its own rows); the step's loss is then
             divided by the targets of all of them and the gradients summed over them, so that
@@ -223,7 +233,7 @@ class Pipeline:
 
     def __init__(self, model: nn.Module, group: dist.ProcessGroup | None = None, *, micro_batches: int = 1,
                  schedule: str = "gpipe", loss_fn: Callable[[Tensor, Tensor], Tensor] | None = None,
-                 ignore_index: int = -100, dp_group: dist.ProcessGroup | None = None):
+                 ignore_index: int = -100, label_smoothing: float = 0.0, dp_group: dist.ProcessGroup | None = None):
         if not isinstance(micro_batches, int) or micro_batches < 1:
             raise ValueError(f"micro_batches must be a positive integer, got {micro_batches!r}")
         if schedule not in SCHEDULES:
@@ -233,8 +243,11 @@ class Pipeline:
         self.stage = stages[self.index]
         self.config: ModelConfig = model.config
         self.group, self.micro_batches, self.ignore_index = group, micro_batches, ignore_index
+        self.label_smoothing = label_smoothing
         self.dp_group = dp_group if dp_group is not None and group_size(dp_group) > 1 else None
-        self._shared = self._shared_groups(shared_parameters(model, stages))
+        shared = shared_parameters(model, stages)
+        self._shared = self._shared_groups(shared)
+        self._first_holder = {id(p): holders[0] for _, p, holders in shared}
         self._tp_group = model.tp_group if getattr(model, "tp_size", 1) > 1 else None
         self._loss_fn = loss_fn or self._token_loss
         self._targets = 1
@@ -251,14 +264,22 @@ class Pipeline:
         """This stage's parameters (for the optimizer)."""
         return self.stage.parameters()
 
+    def counts(self, p: nn.Parameter) -> bool:
+        """Whether this stage counts parameter p in a sum over the stages (a gradient norm): p is
+        its own, or it holds p with other stages and is the first of them (the tied embedding
+        counts on the first stage, not again on the last)."""
+        return self._first_holder.get(id(p), self.index) == self.index
+
     def _token_loss(self, output: Tensor, targets: Tensor) -> Tensor:
         if self._tp_group is not None:  # (b, T, V/n) vocabulary slices: the mean over kept targets, times their number
             kept = (targets != self.ignore_index).sum()
             from attnlab.parallel.tensor import vocab_parallel_cross_entropy
 
-            return vocab_parallel_cross_entropy(output, targets, self._tp_group, self.ignore_index) * kept
+            return vocab_parallel_cross_entropy(output, targets, self._tp_group, self.ignore_index,
+                                                label_smoothing=self.label_smoothing,
+                                                vocab_size=self.config.vocab_size) * kept
         return F.cross_entropy(output.reshape(-1, output.shape[-1]).float(), targets.reshape(-1),
-                               ignore_index=self.ignore_index, reduction="sum")
+                               ignore_index=self.ignore_index, reduction="sum", label_smoothing=self.label_smoothing)
 
     def _scaled_loss(self, output: Tensor, targets: Tensor) -> Tensor:
         return self._loss_fn(output, targets) / self._targets
@@ -297,14 +318,45 @@ class Pipeline:
                 self._sum_data_parallel_gradients()
                 dist.all_reduce(loss, group=self.dp_group)
         except RuntimeError as err:
-            if not _is_backend_error(err):
+            if not is_backend_error(err):
                 raise
-            from attnlab.training.distributed import CollectiveError
-
-            raise CollectiveError(f"pipeline stage {self.index} of {self.num_stages}: a send, receive or "
-                                  f"all-reduce failed or timed out; another rank probably died or hangs. "
-                                  f"Cause: {str(err).splitlines()[0] if str(err) else type(err).__name__}") from err
+            raise _collective_error(self.index, self.num_stages, err) from err
         return float(loss)
+
+    @torch.no_grad()
+    def forward_only(self, input_ids: Tensor) -> Tensor | None:
+        """The model's output for a whole batch, forward only (evaluation): each stage receives
+        the hidden states from the one before, runs its layers and sends them on; no micro-batches,
+        nothing kept for a backward pass. Every rank of the pipeline passes the same batch.
+
+        Args:
+            input_ids: (B, T) token ids (read on the first stage; the others read their shape).
+
+        Returns:
+            the last stage's output (the head's logits, (B, T, V) or (B, T, V/n) under tensor
+            parallel) on the last stage, None on the others.
+
+        Raises:
+            CollectiveError: a peer stage died or timed out.
+        """
+        if self.num_stages == 1:
+            return self.stage(input_ids.to(self.device))
+        B, T = input_ids.shape
+        try:
+            if self.stage.is_first:
+                h = self.stage(input_ids.to(self.device))
+            else:
+                h = torch.empty(B, T, self.config.d_model, device=self.device)  # float32 between stages
+                dist.recv(h, group_src=self.index - 1, group=self.group)
+                h = self.stage(h)
+            if self.stage.is_last:
+                return h
+            dist.send(h.float().contiguous(), group_dst=self.index + 1, group=self.group)
+        except RuntimeError as err:
+            if not is_backend_error(err):
+                raise
+            raise _collective_error(self.index, self.num_stages, err) from err
+        return None
 
     def _step_pipelined(self, input_ids: Tensor, targets: Tensor) -> Tensor:
         """torch's schedule over the stages; the loss (from the last stage) on every stage."""

@@ -50,6 +50,7 @@ import torch
 from torch import nn
 
 from attnlab.config import ModelConfig
+from attnlab.models.embeddings import Embeddings
 from attnlab.parallel.cost import communication_cost, ring_factor, sharded_numel
 from attnlab.parallel.pipeline import check_pipeline_supported, shared_parameters, split_stages, stage_layers
 
@@ -177,19 +178,21 @@ def plan_layout(config: ModelConfig, *, nproc: int, tp: int = 1, pp: int = 1, dp
     layer_act = _layer_activations(config, S, Tt, tp)
     tp_cost = communication_cost(config, tp=tp, dp=1, seq_len=S, batch=b, tgt_len=tgt_len, bytes_per_value=s)
     shared = shared_parameters(model, stages) if pp > 1 else []
+    vocabulary = {id(m.token.weight) for m in model.modules() if isinstance(m, Embeddings)}
     rows = []
     for index, (stage, span) in enumerate(zip(stages, spans)):
         first, last = index == 0, index == pp - 1
-        split, replicated = sharded_numel(stage)
+        split, replicated = sharded_numel(stage, tp)
         full_params = split // tp + replicated
         params = _fsdp_numel(stage, dp) if fsdp else full_params
         act = b * sum(layer_act[key] for key in span)
         if first:
             act += b * (S + Tt if encdec else S) * D
+        V_rank = -(-V // tp)  # the vocabulary slice of a rank (padded when tp does not divide V)
         if last and config.head == "lm":
-            act += b * Tt * V // tp
+            act += b * Tt * V_rank
         elif last and config.head == "mlm":
-            act += b * S * D + b * S * V // tp
+            act += b * S * D + b * S * V_rank
         act *= s
         gpipe = act * (m if pp > 1 else 1)
         one_f_one_b = act * min(m, pp - index)
@@ -197,7 +200,8 @@ def plan_layout(config: ModelConfig, *, nproc: int, tp: int = 1, pp: int = 1, dp
         message = m * b * S * D * s if pp > 1 else 0
         grads = PARAM_BYTES * full_params
         # the tensors several stages hold are all split by tensor parallel (vocabulary rows, T5 bias heads)
-        mine = [(p.numel() // tp * PARAM_BYTES, len(holders)) for _, p, holders in shared if index in holders]
+        mine = [(_per_rank(p, tp, vocabulary) * PARAM_BYTES, len(holders)) for _, p, holders in shared
+                if index in holders]
         if fsdp:
             dp_payload = m * 3 * grads if dp > 1 else 0  # 2 all-gathers + 1 reduce-scatter per micro-batch
             dp_ring = dp_payload * (dp - 1) / dp
@@ -229,6 +233,13 @@ def plan_layout(config: ModelConfig, *, nproc: int, tp: int = 1, pp: int = 1, dp
         "stages": rows,
         "max_total_bytes": max(r["total_bytes"] for r in rows),
     }
+
+
+def _per_rank(p: nn.Parameter, tp: int, vocabulary: set[int]) -> int:
+    """Elements of p on one tensor-parallel rank: a (padded) vocabulary's rows, or 1/tp of a per-head table."""
+    if id(p) in vocabulary:
+        return -(-p.shape[0] // tp) * (p.numel() // p.shape[0])
+    return p.numel() // tp
 
 
 def _tp_stage_bytes(cost: dict[str, Any], n_layers: int, first: bool, last: bool, pp: int) -> tuple[int, int]:

@@ -7,9 +7,14 @@ operators of `attnlab.parallel.comm` (f: all-reduce backward, g: all-reduce forw
     FeedForward     x -f-> w1 (or fused w1 | w3: F/n rows of each) column-parallel -> act -> w2 row-parallel -g-> + b2
     attention       x -f-> fused q | k | v column-parallel (H/n heads of q, G/n of k and v; a cross-attention's
                     q and fused k | v alike) -> softmax(...) v -> out_proj row-parallel -g-> + b
-    embedding       rows [r V/n, (r+1) V/n) of E; ids outside give 0, then g sums the ranks
-    LM / MLM head   h -f-> logits of the local vocabulary slice (B, T, V/n), all-gathered to
+    embedding       rows [r V'/n, (r+1) V'/n) of E; ids outside give 0, then g sums the ranks
+    LM / MLM head   h -f-> logits of the local vocabulary slice (B, T, V'/n), all-gathered to
                     (B, T, V) unless gather_output=False (then use vocab_parallel_cross_entropy)
+
+A vocabulary n does not divide is padded (Megatron-LM pads it too): V' = V rounded up to a
+multiple of n, zero rows at the end, on the last rank(s). No id reaches them, and
+`vocab_parallel_cross_entropy(..., vocab_size=V)` keeps their logits out of the softmax, so
+they get no gradient and stay zero; full checkpoints drop them (`gather_full` trims to V).
 
 One all-reduce forward and one backward per attention and per feed-forward block. Norms,
 absolute positions, pooler and classifier heads stay replicated; their gradients agree on every
@@ -20,8 +25,8 @@ stay whole and their gradients are all-reduced over the group.
 Supported: decoder, encoder and encoder-decoder Transformers; scores scaled_dot, dot, cosine,
 general, additive; positions none, sinusoidal, learned, binary, rotary, relative, alibi, t5_bias;
 grouped kv heads when n divides G. Refused with ValueError: the RNN architecture, the kernels
-whose heads cannot be split (`Supports.tensor_parallel`: the long-input ones), head counts, d_ff
-or vocabularies that n does not divide. Dropout draws from each rank's generator: seed ranks
+whose heads cannot be split (`Supports.tensor_parallel`: the long-input ones), head counts or
+d_ff that n does not divide. Dropout draws from each rank's generator: seed ranks
 alike for replicated regions to match. KV-cache decoding on a sharded model is refused (save the full model, decode with it).
 """
 
@@ -44,18 +49,22 @@ from attnlab.parallel.comm import (all_gather_last, all_reduce_sum, copy_to_para
 
 
 def _part(t: Tensor, dim: int, n: int, r: int, blocks: tuple[int, ...] | None) -> Tensor:
-    """Chunk r of n along dim; of each block when t holds several fused along dim (sizes `blocks`)."""
+    """Chunk r of n along dim; of each block when t holds several fused along dim (sizes `blocks`).
+    A size n does not divide (a vocabulary) is padded with zeros at the end first."""
     if not blocks:
+        pad = -t.shape[dim] % n
+        if pad:
+            t = torch.cat([t, t.new_zeros(*t.shape[:dim], pad, *t.shape[dim + 1:])], dim=dim)
         return t.chunk(n, dim=dim)[r]
     return torch.cat([b.chunk(n, dim=dim)[r] for b in t.split(list(blocks), dim=dim)], dim=dim)
 
 
 def _shard(t: Tensor, dim: int, n: int, r: int, blocks: tuple[int, ...] | None = None) -> nn.Parameter:
-    """This rank's part of t (`_part`) as a Parameter that remembers its split: `tp_dim`, and
-    `tp_blocks` for a fused tensor (q | k | v, w1 | w3: each block is split, its heads or rows
-    stay with their own kind)."""
+    """This rank's part of t (`_part`) as a Parameter that remembers its split: `tp_dim`, the
+    unpadded size `tp_full`, and `tp_blocks` for a fused tensor (q | k | v, w1 | w3: each block is
+    split, its heads or rows stay with their own kind)."""
     p = nn.Parameter(_part(t.detach(), dim, n, r, blocks).clone(), requires_grad=t.requires_grad)
-    p.tp_dim = dim
+    p.tp_dim, p.tp_full = dim, t.shape[dim]
     if blocks:
         p.tp_blocks = tuple(blocks)
     return p
@@ -71,7 +80,7 @@ def gather_full(t: Tensor, p: nn.Parameter, group) -> Tensor:
     """The full layout of t, this rank's part of the sharded parameter p (every rank calls)."""
     dim, blocks = p.tp_dim, getattr(p, "tp_blocks", None)
     if not blocks:
-        return all_gather_last(t, group, dim=dim)
+        return all_gather_last(t, group, dim=dim).narrow(dim, 0, getattr(p, "tp_full", t.shape[dim] * group_size(group)))
     n = group_size(group)
     return torch.cat([all_gather_last(b, group, dim=dim) for b in t.split([s // n for s in blocks], dim=dim)], dim=dim)
 
@@ -93,14 +102,14 @@ class RowParallelLinear(nn.Linear):
 
 
 class VocabParallelEmbedding(nn.Module):
-    """Rows [start, start + V/n) of a (V, D) embedding; `num_embeddings` stays the full V."""
+    """Rows [start, start + V'/n) of a (V, D) embedding (padded to V' rows); `num_embeddings` stays V."""
 
     def __init__(self, source: nn.Embedding, group, n: int, r: int):
         super().__init__()
         self.num_embeddings, self.embedding_dim = source.num_embeddings, source.embedding_dim
         self.group = group
-        self.start = r * source.num_embeddings // n
         self.weight = _shard(source.weight, 0, n, r)
+        self.start = r * self.weight.shape[0]
 
     def forward(self, ids: Tensor) -> Tensor:
         local = ids - self.start
@@ -111,7 +120,8 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class VocabParallelLinear(nn.Module):
-    """Logits of the local vocabulary slice; all-gathered to (..., V) when `gather_output`."""
+    """Logits of the local vocabulary slice (V'/n columns, a padded vocabulary's last ones zero);
+    all-gathered to (..., V) when `gather_output`; `out_features` is V."""
 
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, vocab_size: int, group,
                  gather_output: bool):
@@ -121,21 +131,29 @@ class VocabParallelLinear(nn.Module):
         self.group, self.gather_output = group, gather_output
 
     def forward(self, h: Tensor) -> Tensor:
-        logits = F.linear(copy_to_parallel(h, self.group), self.weight, self.bias)  # (..., V/n)
-        return gather_from_parallel(logits, self.group) if self.gather_output else logits
+        logits = F.linear(copy_to_parallel(h, self.group), self.weight, self.bias)  # (..., V'/n)
+        if not self.gather_output:
+            return logits
+        return gather_from_parallel(logits, self.group)[..., :self.out_features]  # (..., V)
 
 
 def vocab_parallel_cross_entropy(local_logits: Tensor, targets: Tensor, group=None,
-                                 ignore_index: int = -100) -> Tensor:
+                                 ignore_index: int = -100, *, label_smoothing: float = 0.0,
+                                 vocab_size: int | None = None) -> Tensor:
     """Mean cross-entropy from vocabulary-sharded logits, never forming the full (N, V) row.
 
     log-softmax needs max and sum over the whole vocabulary: two all-reduces of (N,) numbers
     and one of the target logit, instead of gathering (N, V) logits (Megatron-LM, section 3).
+    Label smoothing eps adds eps (log Z - mean_v x_v - (log Z - x_y)) per row (PyTorch's
+    definition, as `attnlab.training.losses`), one more all-reduce of (N,) sums.
 
     Args:
-        local_logits: (..., V/n), this rank's slice [r V/n, (r+1) V/n).
+        local_logits: (..., V'/n), this rank's slice [r V'/n, (r+1) V'/n) of the (padded) vocabulary.
         targets: (...) global ids; `ignore_index` entries take no loss.
         group: the tensor-parallel group.
+        label_smoothing: eps in [0, 1).
+        vocab_size: V, when the slices hold a padded vocabulary (V' > V columns in all): the
+            columns from V on take no probability. Default: every column is a token.
 
     Returns:
         the scalar mean over the non-ignored targets (equal to F.cross_entropy on the full logits).
@@ -145,18 +163,24 @@ def vocab_parallel_cross_entropy(local_logits: Tensor, targets: Tensor, group=No
     x = local_logits.reshape(-1, v_local).float()
     t = targets.reshape(-1)
     keep = t != ignore_index
+    V = v_local * n if vocab_size is None else vocab_size
+    padding = torch.arange(r * v_local, (r + 1) * v_local, device=x.device) >= V  # (V/n,) columns past V
+    if bool(padding.any()):
+        x = x.masked_fill(padding, float("-inf"))
     with torch.no_grad():
         m = x.max(-1).values
         if n > 1:
             torch.distributed.all_reduce(m, op=torch.distributed.ReduceOp.MAX, group=group)
     shifted = x - m[:, None]  # the max is a constant shift: no gradient needed through it
-    sum_exp = reduce_from_parallel(shifted.exp().sum(-1), group)  # (N,)
+    log_z = reduce_from_parallel(shifted.exp().sum(-1), group).log()  # (N,)
     local = t - r * v_local
     mine = (local >= 0) & (local < v_local) & keep
-    picked = shifted.gather(1, local.clamp(0, v_local - 1)[:, None])[:, 0] * mine  # (N,)
-    target_logit = reduce_from_parallel(picked, group)
-    losses = (sum_exp.log() - target_logit) * keep
-    return losses.sum() / keep.sum().clamp(min=1)
+    picked = torch.where(mine, shifted.gather(1, local.clamp(0, v_local - 1)[:, None])[:, 0], 0.0)  # (N,)
+    losses = log_z - reduce_from_parallel(picked, group)
+    if label_smoothing:
+        mean_logit = reduce_from_parallel(shifted.masked_fill(padding, 0).sum(-1), group) / V  # over the vocabulary
+        losses = (1 - label_smoothing) * losses + label_smoothing * (log_z - mean_logit)
+    return (losses * keep).sum() / keep.sum().clamp(min=1)
 
 
 def check_supported(config: ModelConfig, n: int) -> None:
@@ -180,14 +204,10 @@ def check_supported(config: ModelConfig, n: int) -> None:
         raise ValueError(f"tensor parallel does not support moe.num_experts={config.moe.num_experts}: the ranks "
                          "would route tokens apart (the gating noise); train experts without tensor parallel")
     kv = config.attention.num_kv_heads or config.num_heads
-    checks = [("num_heads", config.num_heads), ("attention.num_kv_heads", kv), ("d_ff", config.d_ff),
-              ("vocab_size", config.vocab_size)]
-    if config.arch == "encoder_decoder":
-        checks.append(("src_vocab_size", config.resolved_src_vocab_size))
-    for name, value in checks:
+    for name, value in (("num_heads", config.num_heads), ("attention.num_kv_heads", kv), ("d_ff", config.d_ff)):
         if value % n:
             raise ValueError(f"{name}={value} is not divisible by the tensor-parallel size {n}; choose a tp "
-                             f"that divides it" + (" (pad the vocabulary to a multiple of tp)" if "vocab" in name else ""))
+                             "that divides it")
 
 
 def _enter_parallel(group):

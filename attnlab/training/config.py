@@ -3,8 +3,9 @@
     cfg = TrainConfig.from_dict(load_config_file("examples/shakespeare_char.yaml"))
     cfg = load_config(TrainConfig, "run.yaml", ["model.num_layers=4", "optim.lr=3e-4"])
 
-A config file has five sections: `model`, `data`, `optim`, `schedule` and `train`, and an
-optional sixth, `lora` (train low-rank adapters instead of the model's weights; LoraConfig). The `model`
+A config file has five sections: `model`, `data`, `optim`, `schedule` and `train`, and two
+optional ones: `lora` (train low-rank adapters instead of the model's weights; LoraConfig) and `parallel`
+(tensor, pipeline and data parallel over `--nproc N` processes; ParallelConfig). The `model`
 section is a preset name under `preset` plus any `ModelConfig` field (nested fields merge into
 the preset's), or `init_from` (a pretrained folder, see attnlab.training.init); on load it becomes
 a typed `TrainModelConfig`. What the data decides is filled in two steps:
@@ -33,8 +34,9 @@ from attnlab.data.packing import PACKINGS  # plain | document_masked | pad (data
 from attnlab.training.objectives import OBJECTIVES
 from attnlab.training.precision import PRECISIONS  # auto | fp32 | bf16 | fp16 (resolved where a run starts)
 
-__all__ = ["DataConfig", "LoraConfig", "OptimConfig", "RunConfig", "ScheduleConfig", "TokenizerConfig", "TrainConfig",
-           "TrainModelConfig", "apply_overrides", "load_config", "load_config_file", "objective_fields", "parse_value"]
+__all__ = ["DataConfig", "LoraConfig", "OptimConfig", "ParallelConfig", "RunConfig", "ScheduleConfig",
+           "TokenizerConfig", "TrainConfig", "TrainModelConfig", "apply_overrides", "load_config", "load_config_file",
+           "objective_fields", "parse_value"]
 
 TOKENIZER_KINDS = ("char", "bpe", "wordpiece", "word")
 SCHEDULES = ("constant", "cosine", "noam")
@@ -337,6 +339,41 @@ class RunConfig:
         choice(s + "nan_policy", self.nan_policy, NAN_POLICIES)
 
 
+PIPELINE_SCHEDULES = ("gpipe", "1f1b")  # attnlab.parallel.pipeline.SCHEDULES (a test checks that they agree)
+
+
+@dataclass
+class ParallelConfig:
+    """The `parallel` section: how `attnlab train --nproc N` lays the model over N processes
+    (attnlab.parallel.mesh). tp: tensor-parallel ranks (heads, d_ff and vocabulary split,
+    Megatron-LM); pp: pipeline stages (the layer stack cut in order); dp: data-parallel replicas,
+    None = what N leaves, N / (tp pp); micro_batches: m, the pieces a pipeline cuts each step's
+    batch_size x grad_accum rows into (read when pp > 1); schedule: `gpipe` or `1f1b`.
+
+    tp x pp x dp must be N; what the layout asks of the model and the data (heads divisible by tp,
+    at least pp layers, unpadded batches under pp, ...) is checked where N is known
+    (attnlab.parallel.layout.check_layout: the command line before it starts the processes)."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int | None = None
+    micro_batches: int = 1
+    schedule: str = "gpipe"
+
+    def __post_init__(self) -> None:
+        s = "parallel."
+        check_types(self, "parallel")
+        for name in ("tp", "pp", "micro_batches"):
+            positive(s + name, getattr(self, name), integer=True)
+        positive(s + "dp", self.dp, integer=True, optional=True)
+        choice(s + "schedule", self.schedule, PIPELINE_SCHEDULES)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the model is split over processes (tp or pp > 1), not only replicated (dp)."""
+        return self.tp > 1 or self.pp > 1
+
+
 def objective_fields(objective: str, nsp: bool, arch: str, span_boundary: bool = False) -> dict[str, Any]:
     """The model fields a pretraining objective decides (`Objective.model_fields`): the stack
     (arch) and its head, and with NSP BERT's segment embeddings, pooler and next-sentence
@@ -364,6 +401,7 @@ class TrainConfig:
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: RunConfig = field(default_factory=RunConfig)
     lora: LoraConfig | None = None  # train low-rank adapters instead of the weights (LoraConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)  # tp x pp x dp (ParallelConfig)
 
     def __post_init__(self) -> None:
         check_types(self)

@@ -150,13 +150,36 @@ def _mesh_groups(world: int, tp: int, pp: int = 1) -> tuple[dist.ProcessGroup | 
     return mine["tp"], mine["dp"], mine["pp"]
 
 
-def init_from_env(tp: int = 1, *, pp: int = 1, backend: str | None = None,
+def mesh_sizes(world: int, tp: int = 1, pp: int = 1, dp: int | None = None) -> int:
+    """dp of the layout tp x pp x dp over `world` processes (what tp pp leave when dp is None).
+
+    Raises:
+        ValueError: a size that is not a positive integer; tp pp not dividing `world`, or a
+            given dp whose product with them is not `world` (the message says how many
+            processes the layout needs).
+    """
+    for name, value in (("tp", tp), ("pp", pp), ("dp", 1 if dp is None else dp)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if dp is not None and tp * pp * dp != world:
+        raise ValueError(f"the layout tp={tp} x pp={pp} x dp={dp} needs {tp * pp * dp} processes, this run has "
+                         f"{world} (WORLD_SIZE, --nproc); start it on {tp * pp * dp} or leave dp unset")
+    if world % (tp * pp):
+        raise ValueError(f"tp={tp} x pp={pp} = {tp * pp} must divide the number of processes, {world} (WORLD_SIZE, "
+                         f"--nproc); start a multiple of {tp * pp} processes" if pp > 1 else
+                         f"tp={tp} must divide the number of processes, {world} (WORLD_SIZE, --nproc); start a "
+                         f"multiple of {tp} processes")
+    return world // (tp * pp)
+
+
+def init_from_env(tp: int = 1, *, pp: int = 1, dp: int | None = None, backend: str | None = None,
                   timeout_s: float = 300.0) -> ParallelContext:
     """Join the process group torchrun describes in the environment and build the mesh.
 
     Args:
-        tp: tensor-parallel degree; dp = WORLD_SIZE // (tp pp).
+        tp: tensor-parallel degree.
         pp: pipeline-parallel degree (stages); tp pp must divide WORLD_SIZE.
+        dp: data-parallel degree; None: WORLD_SIZE // (tp pp), else tp pp dp must be WORLD_SIZE.
         backend: "gloo" or "nccl"; default NCCL when CUDA is available, else gloo.
         timeout_s: collective timeout: a rank waiting longer than this for its peers raises
             instead of hanging (a dead peer usually fails faster, when its sockets close).
@@ -165,20 +188,15 @@ def init_from_env(tp: int = 1, *, pp: int = 1, backend: str | None = None,
         a ParallelContext (one process, no groups, when WORLD_SIZE is unset or 1).
 
     Raises:
-        ValueError: tp or pp < 1, or tp pp not dividing the world size; a malformed environment.
+        ValueError: a layout that does not fit the world size (`mesh_sizes`); a malformed environment.
     """
-    for name, value in (("tp", tp), ("pp", pp)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
     try:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     except ValueError as err:
         raise ValueError(f"WORLD_SIZE/RANK/LOCAL_RANK must be integers: {err}") from None
-    if world % (tp * pp):
-        raise ValueError(f"tp={tp} x pp={pp} must divide the world size WORLD_SIZE={world}" if pp > 1 else
-                         f"tp={tp} must divide the world size WORLD_SIZE={world}")
+    mesh_sizes(world, tp, pp, dp)
     if world == 1 and not dist.is_initialized():
         return ParallelContext(timeout_s=timeout_s)
     if backend is None:

@@ -1,7 +1,8 @@
 """The one training loop, for every task (pretraining objectives, fine-tuning heads): gradient
 accumulation weighted by tokens, bf16 autocast or fp16 with loss scaling, clipping, schedules,
 periodic evaluation, early stopping, the NaN policy, checkpoints and exact resume, data parallel
-under torchrun, torch.compile, activation checkpointing and TensorBoard logging.
+under torchrun (and tensor and pipeline parallel: the `parallel` section, through the hooks of
+attnlab.parallel.mesh), torch.compile, activation checkpointing and TensorBoard logging.
 
     trainer = Trainer(TrainConfig.from_dict(load_config_file("examples/shakespeare_char.json")))
     summary = trainer.fit()                  # or fit(resume=True) after an interruption
@@ -153,7 +154,12 @@ class Trainer:
         if run.compile and self.device.type == "cpu" and not has_cxx_compiler():
             raise ConfigError("train.compile", "true on a CPU needs a C++ compiler for torch.compile's code (g++ or "
                               "clang++ on PATH, or $CXX); install one or set train.compile to false")
-        self.parallel = init_from_env()  # [parallel] under torchrun: DDP, rank 0 writes; alone: no-ops
+        par, mesh = config.parallel, None
+        self.parallel = init_from_env(par.tp, pp=par.pp, dp=par.dp)  # [parallel] under torchrun: rank 0 writes
+        if par.sharded:  # [parallel] tp / pp split the model: the one place the loop reaches into attnlab.parallel
+            from attnlab.parallel import mesh
+
+            mesh.check_layout(config, self.parallel.world_size)  # before any data is prepared
         if self.parallel.distributed:
             self.device = self.parallel.device if self.device.type == "cuda" else self.device
             self.log = self.log if self.parallel.is_main else (lambda text: None)
@@ -174,13 +180,18 @@ class Trainer:
             task.prepare(model)  # freezing, re-initialisation: before the optimizer sees the parameters
         model = apply_lora(model, config.lora, seed=run.seed, log=self.log)  # LoRA adapters (config.lora), base frozen
         self.model = model.to(self.device)
+        self.mesh = mesh.MeshTraining(self.model, self.parallel, config, task) if mesh is not None else None
         if run.activation_checkpointing:
             checkpoint_activations(self.model)  # (attnlab.training.speedups)
         self.compiled_layers = compile_layers(self.model) if run.compile else 0
         loss = with_balance_loss(task.loss, self.model)  # + the experts' load balance (MoE models)
-        self.train_loss = data_parallel_loss(self.model, self.parallel, loss)  # [parallel] DDP when dp > 1
+        loss = mesh.vocab_parallel_loss if mesh is not None else loss  # [parallel] tp: over the vocabulary's shards
+        # [parallel] DDP when dp > 1; a pipeline sums its gradients over dp itself
+        pipelined = self.mesh is not None and self.mesh.pipelined
+        self.train_loss = None if pipelined else data_parallel_loss(self.model, self.parallel, loss)
         o = config.optim
         groups = task.param_groups(self.model, o.lr, o.weight_decay) if hasattr(task, "param_groups") else None
+        groups = self.mesh.param_groups(o.weight_decay) if self.mesh is not None else groups  # [parallel] pp: a stage's
         self.optimizer = build_optimizer(self.model, o.name, o.lr, o.betas, o.eps, o.weight_decay, groups=groups)
         s = config.schedule
         self.schedule = Schedule(self.optimizer, s.name, o.lr, total_steps=run.max_steps, warmup_steps=s.warmup_steps,
@@ -262,8 +273,10 @@ class Trainer:
         if self.scaler.is_enabled():
             extra["grad_scaler"] = self.scaler.state_dict()  # fp16: the loss scale, its growth count (numbers)
         path = self.checkpoint_dir
+        # [parallel] tp / pp: the whole model and optimizer state, gathered on rank 0 (every rank takes part)
+        model, optimizer = self.mesh.gather(self.optimizer) if self.mesh is not None else (self.model, self.optimizer)
         if self.parallel.is_main:  # [parallel] one writer; the others wait for the checkpoint
-            path = save_checkpoint(self.checkpoint_dir, step=self.step, model=self.model, optimizer=self.optimizer,
+            path = save_checkpoint(self.checkpoint_dir, step=self.step, model=model, optimizer=optimizer,
                                    schedule_state=self.schedule.state_dict(), data_generator=self.data_generator,
                                    extra=extra, metric=metric, keep_last=self.config.train.keep_last)
         self.parallel.barrier()
@@ -274,7 +287,8 @@ class Trainer:
         if path is None and not list_checkpoints(self.checkpoint_dir):
             return False
         ckpt = resolve_checkpoint(path or self.checkpoint_dir, "latest")
-        state = load_checkpoint(ckpt, model=self.model, optimizer=self.optimizer, data_generator=self.data_generator)
+        load = self.mesh.load_checkpoint if self.mesh is not None else load_checkpoint  # [parallel] shard on load
+        state = load(ckpt, model=self.model, optimizer=self.optimizer, data_generator=self.data_generator)
         self._rng = self._rng_now()  # load_checkpoint set the RNG states to the checkpoint's
         self.schedule.load_state_dict(state["schedule"])
         self.step = int(state["step"])
@@ -305,6 +319,8 @@ class Trainer:
         was_training = self.model.training
         self.model.eval()
         try:
+            if self.mesh is not None:  # [parallel] forward only through the shards and stages
+                return self.mesh.evaluate(self.task, self.device, self.precision)
             with self.eager():
                 return self.task.evaluate(self.model, self.device, self.precision)
         finally:
@@ -313,7 +329,9 @@ class Trainer:
     @torch.no_grad()
     def samples(self) -> str | None:
         """Greedy samples of the task's validation data as Markdown (attnlab.training.tensorboard.
-        text_samples), None where the task has none; draws no random number."""
+        text_samples), None where the task has none or the model is split (tp, pp); draws no random number."""
+        if self.mesh is not None:
+            return None
         was_training = self.model.training
         self.model.eval()
         try:
@@ -327,7 +345,11 @@ class Trainer:
         """Forward and backward over the micro-batches of one step, each scaled by its share of
         the step's weight (label tokens), so the gradients are those of sum(token losses) /
         tokens. Returns (step loss, its named parts, non-finite); under data parallel the loss
-        and parts are over all ranks."""
+        and parts are over all ranks. Under pipeline parallel the pipeline runs the micro-batches."""
+        if self.mesh is not None and self.mesh.pipelined:  # [parallel] pp: one batch of k b rows, in m micro-batches
+            with self.autocast():
+                loss = self.mesh.pipeline_step(batches)
+            return (loss, {}, False) if math.isfinite(loss) else (self._non_finite(f"loss is {loss}"), {}, True)
         weights = [self.task.weight(b) for b in batches]
         total = all_reduce_sum(float(sum(weights)), self.parallel)  # [parallel] the tokens of all ranks
         if total == 0:
@@ -360,7 +382,9 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)  # fp16: the true gradients, and whether any overflowed
         norm = None
         if self.config.optim.grad_clip is not None:
-            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.optim.grad_clip))
+            clip = self.config.optim.grad_clip  # [parallel] tp / pp: the norm over every shard and stage
+            norm = float(self.mesh.clip_grad_norm(clip) if self.mesh is not None else
+                         torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
             if not math.isfinite(norm):
                 if not self.scaler.is_enabled():
                     return StepResult(self._non_finite(f"gradient norm is {norm}"), {}, tokens, True)
@@ -510,7 +534,8 @@ class Trainer:
         clock = CompileClock() if self.compiled_layers else None
         while self.step < end:
             step_start = time.perf_counter()
-            loss, parts, tokens, skipped, norm = self._train_step()
+            with self.mesh.guard("a training step") if self.mesh is not None else nullcontext():  # [parallel]
+                loss, parts, tokens, skipped, norm = self._train_step()
             lr = self.schedule.lr()
             self.schedule.step()
             self.step += 1

@@ -33,10 +33,10 @@ def test_data_parallel_bytes_are_the_gradients_of_one_rank():
 
 
 def test_cost_command_prints_json_and_refusal_note(capsys):
-    assert main(["parallel", "cost", "gpt2-small", "--tp", "2", "--dp", "2", "--seq-len", "64", "--batch", "2",
+    assert main(["parallel", "cost", "gpt2-small", "--tp", "8", "--dp", "2", "--seq-len", "64", "--batch", "2",
                  "--json"]) == 0
     cost = json.loads(capsys.readouterr().out)
-    assert cost["world_size"] == 4 and "vocab_size=50257" in cost["note"]
+    assert cost["world_size"] == 16 and "num_heads=12 is not divisible" in cost["note"]
     assert [r["part"] for r in cost["rows"]][:3] == ["embedding", "self-attention", "feed-forward"]
     assert main(["parallel", "cost", "tiny-encoder-decoder", "--tp", "2"]) == 0
     assert "decoder cross-attention" in capsys.readouterr().out

@@ -11,7 +11,7 @@ from tests.parallel.helpers import resume_single
 from tests.parallel.workers import tiny_config
 
 VARIANTS = ["decoder", "encoder_decoder", "encoder_mlm", "alibi_gqa", "t5_bias_untied", "relative_general",
-            "additive_eager"]
+            "additive_eager", "padded_vocabulary"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -19,6 +19,12 @@ def test_forward_and_gradients_match_single_process(tp_run, variant):
     _, results = tp_run
     for rank, checks in enumerate(results):
         assert checks[f"equivalence/{variant}"] == "ok", f"rank {rank}: {checks[f'equivalence/{variant}']}"
+
+
+def test_a_padded_vocabulary_takes_no_probability_and_is_dropped_on_gather(tp_run):
+    _, results = tp_run
+    for rank, checks in enumerate(results):
+        assert checks["padded_loss"] == "ok", f"rank {rank}: {checks['padded_loss']}"
 
 
 def test_ten_adam_steps_match_single_process(tp_run):
@@ -38,7 +44,6 @@ def test_tp_checkpoint_resumes_in_one_process(tp_run):
 
 
 @pytest.mark.parametrize("overrides, field", [
-    ({"vocab_size": 63}, "vocab_size"),
     ({"num_heads": 2, "attention": {"num_kv_heads": 1}}, "num_kv_heads"),
     ({"d_ff": 63}, "d_ff"),
     ({"attention": {"kernel": "sliding_window", "window": 4}}, "sliding_window"),

@@ -111,6 +111,33 @@ def _tp_training(ctx, out: Path) -> None:
         attnlab.save(full, out / "full_step10")
 
 
+def _padded_loss(ctx) -> None:
+    """A vocabulary of 65 (padded to 66 over 2 ranks), label smoothing, ignored targets: the
+    vocabulary-parallel loss and every gradient equal the full model's, the gathered state its state."""
+    cfg = tiny_config("decoder", vocab_size=65)
+    torch.manual_seed(0)
+    full = attnlab.build_model(cfg)
+    torch.manual_seed(0)
+    tp = tensor_parallel(attnlab.build_model(cfg), ctx.tp_group, gather_output=False)
+    b = batch("decoder", 9)
+    b["labels"][1, 2:] = -100
+    want = F.cross_entropy(full(b["ids"]).reshape(-1, 65), b["labels"].reshape(-1), label_smoothing=0.1)
+    got = vocab_parallel_cross_entropy(tp(b["ids"]), b["labels"], ctx.tp_group, label_smoothing=0.1, vocab_size=65)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    want.backward()
+    got.backward()
+    full_params = dict(full.named_parameters())
+    for name, p in tp.named_parameters():
+        ref = full_params[name].grad
+        if getattr(p, "tp_dim", None) is not None:
+            ref = local_part(ref, p, ctx.tp_size, ctx.tp_rank)
+        torch.testing.assert_close(p.grad, ref, atol=1e-5, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+    gathered = gather_full_state(tp)
+    for name, t in full.state_dict().items():
+        if name in gathered:
+            torch.testing.assert_close(gathered[name], t, msg=lambda m: f"{name}: {m}")
+
+
 def tp_suite(ctx, out: str) -> dict[str, str]:
     """Every tensor-parallel check, in one process group of tp = 2."""
     results: dict[str, str] = {}
@@ -123,10 +150,13 @@ def tp_suite(ctx, out: str) -> dict[str, str]:
                                                "share_embeddings": False, "src_vocab_size": 64}),
         "relative_general": ("decoder", {"position": {"scheme": "relative"}, "attention": {"score": "general"}}),
         "additive_eager": ("decoder", {"attention": {"score": "additive", "kernel": "eager"}}),
+        "padded_vocabulary": ("encoder_decoder", {"vocab_size": 65, "src_vocab_size": 67, "share_embeddings": False,
+                                                  "tie_embeddings": False}),
     }
     for name, (arch, overrides) in variants.items():
         _run(results, f"equivalence/{name}", _equivalence, ctx, arch, overrides)
     _run(results, "training", _tp_training, ctx, Path(out))
+    _run(results, "padded_loss", _padded_loss, ctx)
     results["measured_bytes"] = _measure_bytes(ctx)
     return results
 
