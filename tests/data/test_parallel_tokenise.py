@@ -14,7 +14,7 @@ import pytest
 from attnlab.data import tokenized
 from attnlab.data.tokenized import TokenFile
 from attnlab.tokenizers import Tokenizer
-from tokenizer_samples import training_corpus
+from tests.tokenizers.tokenizer_samples import training_corpus
 
 
 @pytest.fixture(scope="module")
