@@ -14,6 +14,7 @@ taken (PyTorch's `cross_entropy` default `ignore_index`).
 | `next_sentence`      | Devlin et al. 2019 (3.1, task 2)                                        | input_ids, token_type_ids, nsp_labels |
 | `segment_pairs`      | (draws A, its next segment and a random one for `next_sentence`)        | first, second, random_second |
 | `seq2seq`            | Sutskever et al. 2014; Vaswani et al. 2017                              | src_ids, src_mask, tgt_ids, tgt_mask, labels |
+| `pairs_lm`           | Liu et al. 2018 (T-D), https://arxiv.org/abs/1801.10198 (4.2.2)         | input_ids, attention_mask, labels |
 """
 
 from __future__ import annotations
@@ -559,3 +560,48 @@ def seq2seq(src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]], generato
     tgt_mask = pad([[1] * len(r) for r in tgts_in], 0)
     return {"src_ids": src_ids, "src_mask": src_mask, "tgt_ids": tgt_ids, "tgt_mask": tgt_mask,
             "labels": pad(labels, IGNORE)}
+
+
+def pairs_lm_prompt(src: Sequence[int], sep_id: int, max_len: int | None = None) -> list[int]:
+    """What a decoder trained with `pairs_lm` reads before it writes a target: the source (cut at
+    `max_len` tokens, as in training), then SEP. Generation continues it until EOS.
+
+    Example: pairs_lm_prompt([5, 6, 7], sep_id=3, max_len=2) -> [5, 6, 3]
+    """
+    return [*(list(src)[:max_len] if max_len else src), sep_id]
+
+
+def pairs_lm(src: Sequence[Sequence[int]], tgt: Sequence[Sequence[int]], generator: torch.Generator | None = None, *,
+             pad_id: int, sep_id: int, eos_id: int, max_len: int | None = None) -> dict[str, Tensor]:
+    """Collate pairs for a decoder alone: each row is one sequence `source SEP target EOS` read left
+    to right, and the loss is on the target only (the decoder-only summariser, T-D, of Liu et al.
+    2018, https://arxiv.org/abs/1801.10198, section 4.2.2; `seq2seq` is the encoder-decoder's view
+    of the same pairs, with the same target tokens).
+
+    Example (source [5, 6], target [8], SEP 3, EOS 2):
+        input_ids [5, 6, 3, 8], labels [-100, -100, 8, 2]: SEP predicts the target's first token,
+        the target's last token predicts EOS, nothing predicts the source.
+
+    Args:
+        src, tgt: token id lists, one per example (documents and their summaries).
+        generator: unused; kept for a uniform signature.
+        pad_id, sep_id, eos_id: padding, the separator, the end token.
+        max_len: truncate source and target (before SEP and EOS) to this many tokens.
+
+    Returns:
+        `input_ids` (B, T) = source + SEP + target, right-padded with pad_id; `attention_mask`
+        (B, T), 1 on real tokens; `labels` (B, T): target + EOS on the positions from SEP on,
+        IGNORE on the source and the padding.
+    """
+    if len(src) != len(tgt) or not len(src):
+        raise ValueError(f"src and tgt must be non-empty and of one length, got {len(src)} and {len(tgt)}")
+    rows, labels = [], []
+    for s, t in zip(src, tgt):
+        prompt, target = pairs_lm_prompt(s, sep_id, max_len), list(t)[:max_len] if max_len else list(t)
+        rows.append(prompt + target)
+        labels.append([IGNORE] * (len(prompt) - 1) + target + [eos_id])  # position i predicts token i + 1
+    width = max(map(len, rows))
+    pad = lambda row, value: row + [value] * (width - len(row))
+    return {"input_ids": torch.tensor([pad(r, pad_id) for r in rows], dtype=torch.long),
+            "attention_mask": torch.tensor([pad([1] * len(r), 0) for r in rows], dtype=torch.long),
+            "labels": torch.tensor([pad(r, IGNORE) for r in labels], dtype=torch.long)}

@@ -255,6 +255,48 @@ class Seq2Seq(Objective):
             yield pairs_batch(cfg, tok, files, np.arange(i, min(i + cfg.batch_size, n)))
 
 
+class PairsLM(Objective):
+    """Pairs for a decoder alone: `source [SEP] target EOS` rows, the loss on the target only
+    (`attnlab.data.objectives.pairs_lm`; the decoder-only summariser of Liu et al. 2018). A model so
+    trained writes a target by continuing `source [SEP]` (`pairs_lm_prompt`) up to EOS. Validation
+    walks the pairs in order; both sides are cut at data.max_pair_len tokens. With data.batch_tokens,
+    training batches are pairs of similar length as for seq2seq (a row, source + SEP + target, is
+    one token shorter than the pair's cost there)."""
+
+    arch = "decoder"
+    pairs = True
+    length_buckets = True
+
+    def special_tokens(self, tokenizer_kind: str) -> list[str]:
+        return ["<pad>", "<unk>", "<s>", "</s>", "<sep>"]  # seq2seq's and a separator: one tokenizer serves both
+
+    def train_batch(self, cfg, tok, files, generator):
+        if cfg.batch_tokens is None:
+            index = torch.randint(0, files[0].num_documents, (cfg.batch_size,), generator=generator).numpy()
+        else:
+            order, src, tgt = _pair_lengths(files, cfg.max_pair_len)
+            index = bucketed_batch(order, src, tgt, cfg.batch_tokens, generator)
+        return self._batch(cfg, tok, files, index)
+
+    def eval_batches(self, cfg, tok, files, num_batches):
+        n = min(files[0].num_documents, num_batches * cfg.batch_size)
+        for i in range(0, n, cfg.batch_size):
+            yield self._batch(cfg, tok, files, np.arange(i, min(i + cfg.batch_size, n)))
+
+    @staticmethod
+    def _batch(cfg: Any, tok: Any, files: Any, index: Sequence[int] | np.ndarray) -> dict[str, Tensor]:
+        missing = [name for name, i in (("a separator (<sep>, [SEP])", tok.sep_token_id),
+                                        ("an end token (</s>, <|endoftext|>)", tok.eos_token_id)) if i is None]
+        if missing:
+            raise ValueError(f"data.objective='pairs_lm' needs a tokenizer with {' and '.join(missing)}; this one has "
+                             "none (a tokenizer the run trains has both)")
+        src, tgt = files
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id  # masked out either way
+        return batches.pairs_lm([src.document(int(i)).tolist() for i in index],
+                                [tgt.document(int(i)).tolist() for i in index], pad_id=pad,
+                                sep_id=tok.sep_token_id, eos_id=tok.eos_token_id, max_len=cfg.max_pair_len)
+
+
 OBJECTIVES: dict[str, Objective] = {
     "causal_lm": CausalLM(),
     "prefix_lm": PrefixLM(),
@@ -263,7 +305,8 @@ OBJECTIVES: dict[str, Objective] = {
     "span_corruption": SpanCorruption(),
     "encoder_decoder_lm": EncoderDecoderLM(),
     "seq2seq": Seq2Seq(),
+    "pairs_lm": PairsLM(),
 }
 
 __all__ = ["EVAL_SEED", "NUM_SENTINELS", "OBJECTIVES", "CausalLM", "EncoderDecoderLM", "MaskedLM", "Objective",
-           "PrefixLM", "Seq2Seq", "SpanCorruption", "SpanMaskedLM", "pairs_batch"]
+           "PairsLM", "PrefixLM", "Seq2Seq", "SpanCorruption", "SpanMaskedLM", "pairs_batch"]

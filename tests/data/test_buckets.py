@@ -111,7 +111,7 @@ def test_batch_tokens_makes_the_training_batches_of_a_seq2seq_run(tmp_path):
 def test_batch_tokens_is_refused_where_batches_are_not_pairs(tmp_path):
     from attnlab.training.config import ConfigError, TrainConfig
 
-    with pytest.raises(ConfigError, match="data.batch_tokens.*needs data.objective='seq2seq', got 'causal_lm'"):
+    with pytest.raises(ConfigError, match="data.batch_tokens.*needs data.objective='seq2seq' or 'pairs_lm', got 'causal_lm'"):
         TrainConfig.from_dict({"data": {"objective": "causal_lm", "batch_tokens": 1024}})
     with pytest.raises(ConfigError, match="data.batch_tokens"):
         _seq2seq_config(tmp_path, batch_tokens=0)

@@ -85,7 +85,7 @@ def test_a_text_objective_on_pairs_names_what_fits(tmp_path):
     (tmp_path / "p.tsv").write_text("a b\tc d\n" * 10)
     cfg = tiny_config(tmp_path)
     cfg["data"].update(source=str(tmp_path / "p.tsv"), valid=str(tmp_path / "p.tsv"))
-    with pytest.raises(ValueError, match="seq2seq takes pairs, the other objectives plain text"):
+    with pytest.raises(ValueError, match="seq2seq, pairs_lm take pairs, the other objectives plain text"):
         Trainer(TrainConfig.from_dict(cfg), show_progress=False, log=lambda _: None)
 
 
