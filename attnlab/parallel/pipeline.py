@@ -45,6 +45,7 @@ generator: masks differ from a one-process run.
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
 import torch
@@ -252,13 +253,18 @@ class Pipeline:
         self._loss_fn = loss_fn or self._token_loss
         self._targets = 1
         self.device = next(model.parameters()).device
-        self._schedule = None
+        self._schedule, self._step_options = None, {}
         if self.num_stages > 1:
             from torch.distributed.pipelining import PipelineStage
 
             torch_stage = PipelineStage(self.stage, self.index, self.num_stages, self.device, group=group)
             self._schedule = _schedules()[schedule](torch_stage, micro_batches, loss_fn=self._scaled_loss,
                                                     scale_grads=False)
+            # by default the last stage keeps every micro-batch's output (the (b, T, V) logits) until the
+            # next step and concatenates them into a return value `step` never reads: m micro-batches of
+            # logits held, not 1F1B's one (a torch without this switch keeps them)
+            if "return_outputs" in inspect.signature(self._schedule.step).parameters:
+                self._step_options = {"return_outputs": False}
 
     def parameters(self):
         """This stage's parameters (for the optimizer)."""
@@ -363,7 +369,7 @@ class Pipeline:
         losses: list[Tensor] = []
         args = (input_ids.to(self.device),) if self.stage.is_first else ()
         kwargs = {"target": targets.to(self.device), "losses": losses} if self.stage.is_last else {}
-        self._schedule.step(*args, **kwargs)
+        self._schedule.step(*args, **kwargs, **self._step_options)
         loss = torch.tensor(sum(float(x.detach()) for x in losses), dtype=torch.float64, device=self.device)
         self._sum_shared_gradients()
         dist.broadcast(loss, group_src=self.num_stages - 1, group=self.group)

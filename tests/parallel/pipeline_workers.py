@@ -119,6 +119,8 @@ def _measured(ctx) -> dict:
     plan = plan_layout(full.config, nproc=2, pp=2, micro_batches=micro_batches, seq_len=LENGTH, batch=ROWS)
     row = plan["stages"][ctx.rank]
     return {"sent": sent, "params": sum(p.numel() for p in pipe.parameters()),
+            "outputs_kept": len(stage.output_chunks),  # the last stage's micro-batch outputs left after the step
+            "can_drop_outputs": bool(pipe._step_options),
             "plan": {"forward": row["pp_send_forward_bytes"], "backward": row["pp_send_backward_bytes"],
                      "params": row["params_per_rank"]}}
 

@@ -48,6 +48,11 @@ def test_stages_send_and_hold_what_the_plan_predicts(pp_run):
     # stage 0 sends activations forward only, stage 1 their gradients backward only: 2 micro-batches of (2, 7, 32) fp32
     assert pp_run[0]["measured"]["sent"] == {"forward": 2 * 2 * 7 * 32 * 4, "backward": 0}
     assert pp_run[1]["measured"]["sent"] == {"forward": 0, "backward": 2 * 2 * 7 * 32 * 4}
+    if not pp_run[1]["measured"]["can_drop_outputs"]:
+        pytest.xfail("this torch's pipeline schedules have no return_outputs switch: the last stage keeps its "
+                     "micro-batches' outputs until the next step")
+    # the last stage holds no micro-batch's (b, T, V) output between steps (torch's default keeps all m)
+    assert [run["measured"]["outputs_kept"] for run in pp_run] == [0, 0]
 
 
 @pytest.mark.slow
