@@ -13,6 +13,8 @@ count real tokens only, so outputs at real positions do not depend on padding.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
@@ -50,6 +52,17 @@ def _share_rotary(layers: list[TransformerLayer]) -> None:
         if r is not None and r is not first and type(r) is type(first) and r.rotary_dim == first.rotary_dim \
                 and torch.equal(r.inv_freq, first.inv_freq):
             layer.self_attn.rotary = first
+
+
+class LayerInputs(NamedTuple):
+    """What every layer of a stack takes besides the hidden states, built once per forward
+    (`TransformerStack.layer_inputs`)."""
+
+    positions: Tensor  # (B or 1, T) the queries' position ids
+    key_positions: Tensor  # (B or 1, K) the keys' (K = T, or more with a cache or segment memory)
+    mask: Tensor | None  # bool self-attention mask, broadcastable to (B, H, T, K); None: all keys
+    bias: Tensor | None  # the position bias added to the scores (ALiBi, T5), or None
+    memory_mask: Tensor | None  # (B, 1, 1, S) bool cross-attention mask over the memory, or None
 
 
 class TransformerStack(nn.Module):
@@ -124,13 +137,42 @@ class TransformerStack(nn.Module):
         if cache is not None and past + held + T > cache.max_len:
             raise ValueError(f"the KV cache holds {cache.max_len} positions; {past + held + T} requested "
                              "(create the cache with a larger max_len)")
+        if memory_mask is not None and (memory is None or memory_mask.shape != memory.shape[:2]):
+            raise ValueError(f"memory_mask must be (B, S) matching memory {tuple(memory.shape[:2]) if memory is not None else None}, "
+                             f"got {tuple(memory_mask.shape)}")
+        x = self.layer_inputs(B, T, attention_mask, position_ids=position_ids, prefix_lengths=prefix_lengths,
+                              document_ids=document_ids, memory_mask=memory_mask, past=past, mems=mems if held else None,
+                              cache=cache, device=input_ids.device)
+        recompute = self.activation_checkpointing and torch.is_grad_enabled() and cache is None  # (a cache fills once)
+        h = self.embed(input_ids, x.positions, token_type_ids)
+        for i, layer in enumerate(self.layers):
+            mem = mems.exchange(i, h) if mems is not None else None  # layer i's memory; h joins the next one
+            if recompute:  # the same call, its dropout masks drawn again from the saved RNG state in backward
+                h = checkpoint(layer, h, x.mask, bias=x.bias, positions=x.positions, key_positions=x.key_positions,
+                               memory=memory, memory_mask=x.memory_mask, mem=mem, use_reentrant=False)
+                continue
+            h = layer(h, x.mask, bias=x.bias, positions=x.positions, key_positions=x.key_positions, memory=memory,
+                      memory_mask=x.memory_mask, cache=cache.layer(i) if cache is not None else None, mem=mem)
+        if mems is not None:
+            mems.commit()
+        return self.final_norm(h) if self.final_norm is not None else h
+
+    def layer_inputs(self, B: int, T: int, attention_mask: Tensor | None = None, *, position_ids: Tensor | None = None,
+                     prefix_lengths: Tensor | None = None, document_ids: Tensor | None = None,
+                     memory_mask: Tensor | None = None, past: int = 0, mems: SegmentMemory | None = None,
+                     cache: KVCache | None = None, device: torch.device | None = None) -> LayerInputs:
+        """The positions, masks and position bias every layer takes, for B rows of T new positions after
+        `past` cached ones (and a segment memory's, `mems`); `features` runs the layers on them, and
+        so do a pipeline's stages (attnlab.parallel.pipeline), which hold a few of the layers.
+        Arguments as `features`' (checked there); with a `cache`, it records the new key positions."""
+        held = mems.length if mems is not None else 0
         if position_ids is None:
             if document_ids is not None:
                 position_ids = positions_from_documents(document_ids)
             elif attention_mask is not None:
                 position_ids = positions_from_mask(attention_mask)[:, past:]
             else:
-                position_ids = torch.arange(past + held, past + held + T, device=input_ids.device)[None]
+                position_ids = torch.arange(past + held, past + held + T, device=device)[None]
         key_positions = mems.key_positions(position_ids) if held else position_ids  # (B or 1, held + T)
         if cache is not None:
             key_positions = cache.track_positions(key_positions.expand(B, -1))
@@ -138,23 +180,8 @@ class TransformerStack(nn.Module):
         if document_ids is not None:  # block-diagonal: each document causal on its own
             mask = combine(document_mask(document_ids), mask)
         bias = self.position_bias(position_ids, key_positions) if self.position_bias is not None else None
-        if memory_mask is not None and (memory is None or memory_mask.shape != memory.shape[:2]):
-            raise ValueError(f"memory_mask must be (B, S) matching memory {tuple(memory.shape[:2]) if memory is not None else None}, "
-                             f"got {tuple(memory_mask.shape)}")
         cross_mask = padding_mask(memory_mask) if memory_mask is not None else None
-        recompute = self.activation_checkpointing and torch.is_grad_enabled() and cache is None  # (a cache fills once)
-        h = self.embed(input_ids, position_ids, token_type_ids)
-        for i, layer in enumerate(self.layers):
-            mem = mems.exchange(i, h) if mems is not None else None  # layer i's memory; h joins the next one
-            if recompute:  # the same call, its dropout masks drawn again from the saved RNG state in backward
-                h = checkpoint(layer, h, mask, bias=bias, positions=position_ids, key_positions=key_positions,
-                               memory=memory, memory_mask=cross_mask, mem=mem, use_reentrant=False)
-                continue
-            h = layer(h, mask, bias=bias, positions=position_ids, key_positions=key_positions, memory=memory,
-                      memory_mask=cross_mask, cache=cache.layer(i) if cache is not None else None, mem=mem)
-        if mems is not None:
-            mems.commit()
-        return self.final_norm(h) if self.final_norm is not None else h
+        return LayerInputs(position_ids, key_positions, mask, bias, cross_mask)
 
     def _check_documents(self, document_ids: Tensor, B: int, T: int, incremental: bool) -> None:
         """Refuse document ids where a per-row block-diagonal mask cannot apply."""

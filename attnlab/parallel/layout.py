@@ -4,11 +4,13 @@ Trainer again with the world torchrun gives it.
 
     sizes     tp x pp x dp = N (dp, when unset, is what tp pp leave)    attnlab.training.distributed.mesh_sizes
     model     tp: heads, kv heads and d_ff divisible, a kernel that splits by heads, no mixture of
-              experts, no RNN (attnlab.parallel.tensor.check_supported); pp: at least pp layers, a
-              decoder or encoder with a per-token head (attnlab.parallel.pipeline.check_pipeline_supported)
-    data      pp: batches of input_ids and labels alone (PIPELINE_OBJECTIVES, data.pack plain), and
-              batch_size x grad_accum rows divisible by micro_batches; tp and pp: no next-sentence
-              or span-boundary head (their losses are not split)
+              experts, no RNN (attnlab.parallel.tensor.check_supported); pp: at least pp layers
+              (an encoder-decoder's encoder and decoder layers together), a decoder, encoder or
+              encoder-decoder with a per-token head (attnlab.parallel.pipeline.check_pipeline_supported)
+    data      pp: every objective and packing (their masks and target ids go to every stage), with
+              batch_size x grad_accum rows divisible by micro_batches (so no data.batch_tokens,
+              whose batches vary in rows); tp and pp: no next-sentence or span-boundary head
+              (their losses are not split)
     run       tp and pp: no fp16 loss scaling, LoRA, torch.compile or segment memory; pp: no
               activation checkpointing (the stages call the layers themselves)
 
@@ -21,10 +23,6 @@ from __future__ import annotations
 from attnlab.config.validate import ConfigError
 from attnlab.training.config import TrainConfig
 from attnlab.training.distributed import mesh_sizes
-
-# objectives whose batches are input_ids and labels alone: what a pipeline's stages pass on
-PIPELINE_OBJECTIVES = ("causal_lm", "masked_lm", "span_masked_lm")
-
 
 def check_layout(config: TrainConfig, world_size: int) -> tuple[int, int, int]:
     """Check `config.parallel` against `world_size` processes and the rest of `config`.
@@ -90,12 +88,10 @@ def _check_run(config: TrainConfig) -> None:
     if run.activation_checkpointing:
         raise ConfigError("train.activation_checkpointing", f"true is not supported with {axis}: the pipeline's "
                           "stages call the layers themselves; set it to false")
-    if data.objective not in PIPELINE_OBJECTIVES:
-        raise ConfigError("data.objective", f"{data.objective!r} is not supported with {axis}: a pipeline passes "
-                          f"token ids and labels alone between its stages; use {', '.join(PIPELINE_OBJECTIVES)}")
-    if data.pack != "plain":
-        raise ConfigError("data.pack", f"{data.pack!r} is not supported with {axis}: its rows carry masks the "
-                          "pipeline's stages do not pass on; use 'plain'")
+    if data.batch_tokens is not None:
+        raise ConfigError("data.batch_tokens", f"{data.batch_tokens} is not supported with {axis}: its batches "
+                          "hold a varying number of rows, which parallel.micro_batches cannot cut alike; use "
+                          "data.batch_size")
     rows = data.batch_size * run.grad_accum
     if rows % par.micro_batches:
         raise ConfigError("parallel.micro_batches", f"{par.micro_batches} does not divide the {rows} rows of a "

@@ -10,8 +10,9 @@ Notation: tp, pp, dp the mesh sizes (attnlab.training.distributed: rank = (pp_ra
                sees that stage's parameters only
     step       pp = 1: the Trainer's own accumulation over k micro-batches, each one's loss the
                vocabulary-parallel cross-entropy (`vocab_parallel_loss`), DDP over dp;
-               pp > 1: the k batches concatenated, cut into m micro-batches by the schedule
-               (GPipe / 1F1B), gradients summed over dp by the pipeline
+               pp > 1: the k batches concatenated (padded to one width), cut into m micro-batches
+               by the schedule (GPipe / 1F1B), their masks (and an encoder-decoder's target ids)
+               given to every stage, gradients summed over dp by the pipeline
     clipping   the global norm: squares summed over the tp shards and the pp stages, each
                replicated tensor counted once (`clip_grad_norm`)
     evaluation forward only, through the stages (`Pipeline.forward_only`) and the vocabulary
@@ -41,7 +42,7 @@ from attnlab.evaluation import perplexity
 from attnlab.parallel.checkpoint import gather_full_state, gather_optimizer_state
 from attnlab.parallel.comm import all_reduce_sum, gather_from_parallel
 from attnlab.parallel.layout import check_layout
-from attnlab.parallel.pipeline import Pipeline, is_backend_error
+from attnlab.parallel.pipeline import STAGE_INPUTS, Pipeline, is_backend_error, join_batches
 from attnlab.parallel.tensor import local_part, tensor_parallel, vocab_parallel_cross_entropy
 from attnlab.training.checkpoint import load_checkpoint
 from attnlab.training.config import TrainConfig
@@ -76,6 +77,22 @@ def _local_logits(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, T
     keep = batch["labels"] != IGNORE
     head = stack.head
     return head.output_layer()(head.transform(hidden[keep])), batch["labels"][keep]
+
+
+def _pipeline_batch(arch: str, batch: dict[str, Tensor], objective: str) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """(the first stage's ids, the targets, the keyword inputs of every stage) of a batch: the
+    tensors `steps.batch_loss` reads (an encoder-decoder does not read encoder_decoder_lm's cuts).
+
+    Raises:
+        ValueError: a batch holding a tensor the stages do not take.
+    """
+    first, names = ("src_ids" if arch == "encoder_decoder" else "input_ids"), STAGE_INPUTS[arch]
+    unread = {"prefix_lengths"} if arch == "encoder_decoder" else set()
+    extra = sorted(set(batch) - {first, "labels", *names} - unread)
+    if extra:
+        raise ValueError(f"pipeline parallel passes {first}, labels and {', '.join(names)} to the stages of an "
+                         f"{arch}; these batches also hold {', '.join(extra)} (data.objective={objective!r})")
+    return batch[first], batch["labels"], {name: batch[name] for name in names if name in batch}
 
 
 def vocab_parallel_loss(model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0) -> StepLoss:
@@ -134,19 +151,17 @@ class MeshTraining:
         return self.pipe is not None
 
     def pipeline_step(self, batches: list[dict[str, Tensor]]) -> float:
-        """Forward and backward of one step's k batches through the pipeline (pp > 1); the
-        step's loss (mean over its targets on all dp ranks), on every rank.
+        """Forward and backward of one step's k batches through the pipeline (pp > 1), joined
+        into one (padded to the widest: `attnlab.parallel.pipeline.join_batches`); the step's
+        loss (mean over its targets on all dp ranks), on every rank.
 
         Raises:
-            ValueError: a batch with more than input_ids and labels (masks the stages cannot pass).
+            ValueError: a batch with a tensor the stages do not take (`_pipeline_batch`).
         """
-        extra = sorted(set().union(*batches) - {"input_ids", "labels"})
-        if extra:
-            raise ValueError(f"pipeline parallel passes input_ids and labels alone; these batches also hold "
-                             f"{', '.join(extra)} (data.objective={self.config.data.objective!r})")
-        ids = torch.cat([b["input_ids"] for b in batches])
-        labels = torch.cat([b["labels"] for b in batches])
-        return self.pipe.step(ids, labels)
+        arch, objective = self.model.config.arch, self.config.data.objective
+        parts = [_pipeline_batch(arch, b, objective) for b in batches]
+        ids, labels, inputs = join_batches(arch, parts, ignore_index=IGNORE) if len(parts) > 1 else parts[0]
+        return self.pipe.step(ids, labels, **inputs)
 
     @torch.no_grad()
     def clip_grad_norm(self, max_norm: float) -> float:
@@ -196,10 +211,8 @@ class MeshTraining:
         if self.pipe is None:
             logits, targets = _local_logits(self.model, batch)
         else:
-            extra = sorted(set(batch) - {"input_ids", "labels"})
-            if extra:
-                raise ValueError(f"pipeline parallel evaluates input_ids and labels alone, not {', '.join(extra)}")
-            out = self.pipe.forward_only(batch["input_ids"])
+            ids, _, inputs = _pipeline_batch(self.model.config.arch, batch, self.config.data.objective)
+            out = self.pipe.forward_only(ids, **inputs)
             if out is None:  # not the last stage
                 return torch.zeros(3, dtype=torch.float64, device=self.ctx.device)
             keep = batch["labels"] != IGNORE

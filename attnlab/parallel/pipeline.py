@@ -9,6 +9,12 @@ micro-batches of b rows, T positions, D d_model, V vocabulary, L layers.
     stage s      layers [L_{s-1}, L_s)                           h (b, T, D) -> h (b, T, D)
     stage P-1    layers [L_{P-2}, L), final norm, head, loss     h (b, T, D) -> logits (b, T, V)
 
+    an encoder-decoder (S source, Tt target positions): its Le + Ld layers cut as one stack, e.g.
+    stage 0      encoder: embeddings, layers, final norm         src (b, S) -> memory (b, S, D)
+                 (decoder: embeddings, first layers)                        -> (h (b, Tt, D), memory)
+    stage s      decoder layers (cross-attention to the memory)  (h, memory) -> (h, memory)
+    stage P-1    decoder layers, final norm, head, loss          (h, memory) -> logits (b, Tt, V)
+
     GPipe, P = 2, m = 4      stage 0   F1 F2 F3 F4 .  .  B1 B2 B3 B4
                              stage 1   .  F1 F2 F3 F4 B1 B2 B3 B4 .
     idle share of each stage (the bubble): (P - 1) / (m + P - 1); 1F1B has the same bubble but
@@ -23,11 +29,18 @@ On a tp x pp x dp mesh (`init_from_env(tp, pp=pp)`, `attnlab.training.distribute
 
 Every rank builds the same full model and keeps the modules of its stage (`StageModule`, views
 sharing the model's modules, its state-dict names the full model's). The stages send the hidden
-states forward and their gradients backward, one (b, T, D) tensor per micro-batch each way.
-Parameters that several stages hold are kept equal by summing their gradients over the stages
-that hold them after each step: the token embedding tied to the LM head (first and last stage,
-as in Megatron-LM), the T5 bias table (every stage). The layers split as evenly as they go,
-earlier stages taking one more when P does not divide L (`stage_layers`).
+states forward and their gradients backward, one (b, T, D) tensor per micro-batch each way (an
+encoder-decoder's stages after the encoder: the memory too). The masks (padding, prefix lengths,
+document ids) and an encoder-decoder's target ids are keyword arguments that torch's schedules
+give every stage, each of which builds its layers' masks, positions and position bias from them
+with the stack's own `layer_inputs`. Parameters that several stages hold are kept equal by summing
+their gradients over the stages that hold them after each step: the token embedding tied to the
+LM head (first and last stage, as in Megatron-LM; an encoder-decoder's shared embedding also
+where the decoder starts), the T5 bias table (every stage of its stack). The layers split as
+evenly as they go, earlier stages taking one more when P does not divide L (`stage_layers`).
+torch fixes the shapes the stages send at the first step: a narrower batch is padded to them
+(`pad_batch`: the padding takes no loss and no real position sees it), a wider one makes the
+stages agree on new shapes.
 
 Loss: each micro-batch's summed token loss divided by the number of targets of the whole batch,
 so the step's loss and gradients are those of one pass over the whole batch, padding and
@@ -35,18 +48,18 @@ ignored targets included (`scale_grads=False` in torch's schedule). A tensor-par
 (`tensor_parallel(model, tp_group, gather_output=False)` first) uses the vocabulary-parallel
 cross-entropy on its last stage.
 
-Supported: arch decoder and encoder with a per-token head (lm, mlm, token_classification) or
-none, every position scheme and kernel but those that pick tokens by id; unpadded batches (no
-attention_mask: packed language-model rows). Refused (`check_pipeline_supported`): more stages
-than layers, encoder_decoder and rnn_encoder_decoder, pooled heads, mixture-of-experts (its
-balance loss spans the stages), segment memory (memory_len). Dropout draws from each rank's own
-generator: masks differ from a one-process run.
+Supported: arch decoder, encoder and encoder_decoder with a per-token head (lm, mlm,
+token_classification) or none, every position scheme and kernel but those that pick tokens by
+id; padded batches, prefix LMs, packed documents (`STAGE_INPUTS`). Refused
+(`check_pipeline_supported`): more stages than layers, rnn_encoder_decoder, pooled heads,
+mixture-of-experts (its balance loss spans the stages), segment memory (memory_len). Dropout
+draws from each rank's own generator: masks differ from a one-process run.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -54,11 +67,21 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import ModelConfig
+from attnlab.models.transformer import EncoderDecoder
 from attnlab.nn.kernels import kernel_class
-from attnlab.nn.masks import causal_mask
 from attnlab.parallel.comm import group_rank, group_size
 
 PER_TOKEN_HEADS = ("lm", "mlm", "token_classification", "none")
+PIPELINE_ARCHS = ("decoder", "encoder", "encoder_decoder")
+# the keyword inputs of every stage by arch (the batch tensors `attnlab.training.steps.batch_loss`
+# reads besides the first stage's ids and the targets), each with the axis it spans: "input" the
+# width of the first stage's ids (T; an encoder-decoder's source, S), "target" the targets' (Tt),
+# None a number per row
+STAGE_INPUTS: dict[str, dict[str, str | None]] = {
+    "decoder": {"attention_mask": "input", "prefix_lengths": None, "document_ids": "input"},
+    "encoder": {"attention_mask": "input", "token_type_ids": "input"},
+    "encoder_decoder": {"src_mask": "input", "tgt_ids": "target", "tgt_mask": "target"},
+}
 
 
 def stage_layers(num_layers: int, num_stages: int) -> list[range]:
@@ -88,10 +111,16 @@ def check_pipeline_supported(config: ModelConfig, num_stages: int) -> None:
         raise ValueError(f"pp must be a positive integer, got {num_stages!r}")
     if num_stages == 1:
         return
-    if config.arch not in ("decoder", "encoder"):
-        raise ValueError(f"pipeline parallel (pp={num_stages}) supports arch decoder and encoder, not "
+    if config.arch not in PIPELINE_ARCHS:
+        raise ValueError(f"pipeline parallel (pp={num_stages}) supports arch {', '.join(PIPELINE_ARCHS)}, not "
                          f"arch={config.arch!r}; use pp=1 (tensor or data parallel) for it")
-    if num_stages > config.num_layers:
+    if config.arch == "encoder_decoder":  # the encoder's layers, then the decoder's, cut as one stack
+        layers = config.num_layers + config.resolved_decoder_layers
+        if num_stages > layers:
+            raise ValueError(f"pipeline parallel: pp={num_stages} stages is deeper than the model's {layers} layers "
+                             f"(num_layers={config.num_layers} encoder + {config.resolved_decoder_layers} decoder); "
+                             f"choose pp <= {layers}")
+    elif num_stages > config.num_layers:
         raise ValueError(f"pipeline parallel: pp={num_stages} stages is deeper than the model's "
                          f"num_layers={config.num_layers}; choose pp <= {config.num_layers}")
     if config.head not in PER_TOKEN_HEADS:
@@ -109,13 +138,37 @@ def check_pipeline_supported(config: ModelConfig, num_stages: int) -> None:
                          "with these options: it picks tokens by id, which only the first stage sees")
 
 
-class StageModule(nn.Module):
-    """Stage `index` of `num_stages` of a decoder or encoder: the model's own modules, under the
-    model's names (`embed`, `layers.<i>`, `final_norm`, `head`, ...), so that the state dicts of
-    all stages together are the model's.
+class _Part(NamedTuple):
+    """A stage's share of one stack: where its modules sit on the stage, and what it holds."""
 
-    forward: ids (b, T) on the first stage, hidden states (b, T, D) elsewhere -> hidden states,
-    or the head's output on the last stage. Positions 0..T-1, no padding mask.
+    modules: nn.Module  # the stage itself (decoder, encoder) or its `encoder` / `decoder` child
+    stack: nn.Module  # the model's Encoder or Decoder (its `layer_inputs` builds the masks and positions)
+    start: bool  # holds the stack's first layer: the embeddings run here
+    end: bool  # holds its last layer: the final norm (and, last in the model, the head) run here
+
+
+class StageModule(nn.Module):
+    """Stage `index` of `num_stages`: the model's own modules, under the model's names (`embed`,
+    `layers.<i>`, `final_norm`, `head`; `encoder.layers.<i>`, `decoder.embed`, ... for an
+    encoder-decoder), so that the state dicts of all stages together are the model's.
+
+    An encoder-decoder's layers are cut as one stack, the encoder's first: a stage holding the
+    encoder's last layer applies its final norm (the memory), and every stage after it passes the
+    memory on beside the decoder's hidden states, for the cross-attention of its decoder layers.
+
+        what a stage receives (`receives`) and returns:
+        decoder, encoder     ids (b, T) on the first stage, hidden (b, T, D) elsewhere -> hidden, or the
+                             head's output on the last stage
+        encoder-decoder      src ids (b, S) | encoder hidden (b, S, D) -> encoder hidden, or the memory
+                             (b, S, D) where the encoder ends; with decoder layers -> (decoder hidden
+                             (b, Tt, D), memory); memory | (decoder hidden, memory) -> the same, or the
+                             head's output on the last stage
+
+    The masks and the target ids are keyword arguments of every stage (torch's schedules pass a
+    step's keyword arguments to every stage): attention_mask (b, T), prefix_lengths (b,),
+    document_ids (b, T), token_type_ids (b, T) for a decoder or encoder; src_mask (b, S), tgt_ids
+    (b, Tt), tgt_mask (b, Tt) for an encoder-decoder. Each stage builds its layers' masks,
+    positions and position bias from them with the stack's own `layer_inputs`, as `features` does.
     """
 
     def __init__(self, model: nn.Module, index: int, num_stages: int):
@@ -124,30 +177,86 @@ class StageModule(nn.Module):
             raise ValueError(f"stage index {index} is outside [0, {num_stages})")
         self.index, self.num_stages = index, num_stages
         self.is_first, self.is_last = index == 0, index == num_stages - 1
-        self.causal = model.causal
-        self.kernel_is_causal = model.kernel_is_causal  # the kernel masks the future itself
-        span = stage_layers(len(model.layers), num_stages)[index]
-        self.layers = nn.ModuleDict({str(i): model.layers[i] for i in span})  # global indices: the model's names
-        self.position_bias = model.position_bias  # ALiBi / T5 bias: every stage computes its own
-        for name, module in model.named_children():  # embeddings first, the rest (final norm, head, ...) last
-            if name in ("layers", "position_bias") or module is None:
-                continue
-            if (name == "embed" and self.is_first) or (name != "embed" and self.is_last):
-                self.add_module(name, module)
+        self.encoder_decoder = isinstance(model, EncoderDecoder)
+        stacks = [("encoder", model.encoder), ("decoder", model.decoder)] if self.encoder_decoder else [("", model)]
+        span = stage_layers(sum(len(stack.layers) for _, stack in stacks), num_stages)[index]
+        self._parts: dict[str, _Part] = {}  # "encoder", "decoder", or "" (a decoder or encoder): a plain dict
+        offset = 0
+        for name, stack in stacks:
+            n = len(stack.layers)
+            mine = range(max(span.start - offset, 0), min(span.stop - offset, n))  # this stack's layers here
+            offset += n
+            if len(mine):
+                self._parts[name] = self._hold(name, stack, mine)
+        first_layer = "decoder" if "encoder" not in self._parts else "encoder"
+        if self.is_first:
+            self.receives: tuple[str, ...] = ()
+        elif self.encoder_decoder and first_layer == "decoder" and not self._parts["decoder"].start:
+            self.receives = ("target", "input")  # (decoder hidden (b, Tt, D), memory (b, S, D))
+        else:
+            self.receives = ("input",)  # hidden (b, T, D); an encoder-decoder's encoder hidden or memory (b, S, D)
 
-    def forward(self, x: Tensor) -> Tensor:
-        T = x.shape[1]
-        positions = torch.arange(T, device=x.device)[None]  # (1, T)
-        h = self.embed(x, positions) if self.is_first else x  # (b, T, D)
-        mask = causal_mask(T, device=x.device)[None, None] if self.causal and not self.kernel_is_causal else None
-        bias = self.position_bias(positions, positions) if self.position_bias is not None else None
-        for layer in self.layers.values():
-            h = layer(h, mask, bias=bias, positions=positions, key_positions=positions)
-        if not self.is_last:
-            return h
-        if getattr(self, "final_norm", None) is not None:
-            h = self.final_norm(h)
-        return self.head(h) if getattr(self, "head", None) is not None else h
+    def _hold(self, name: str, stack: nn.Module, mine: range) -> _Part:
+        """Register the modules of `stack` this stage runs (layers `mine`) under the model's names."""
+        container = self
+        if name:
+            container = nn.Module()
+            self.add_module(name, container)
+        start, end = mine.start == 0, mine.stop == len(stack.layers)
+        container.layers = nn.ModuleDict({str(i): stack.layers[i] for i in mine})  # global indices: the model's names
+        container.position_bias = stack.position_bias  # ALiBi / T5 bias: every stage computes its own
+        for child, module in stack.named_children():  # embeddings first, the rest (final norm, head, ...) last
+            if child in ("layers", "position_bias") or module is None:
+                continue
+            if (child == "embed" and start) or (child != "embed" and end):
+                container.add_module(child, module)
+        return _Part(container, stack, start, end)
+
+    def forward(self, *received: Tensor, attention_mask: Tensor | None = None, prefix_lengths: Tensor | None = None,
+                document_ids: Tensor | None = None, token_type_ids: Tensor | None = None,
+                src_mask: Tensor | None = None, tgt_ids: Tensor | None = None,
+                tgt_mask: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        if not self.encoder_decoder:
+            x = received[0]
+            h = self._run(self._parts[""], x if self.is_first else None, x, attention_mask,
+                          prefix_lengths=prefix_lengths, document_ids=document_ids, token_type_ids=token_type_ids)
+            return self._head(self, h) if self.is_last else h
+        encoder, decoder = self._parts.get("encoder"), self._parts.get("decoder")
+        h = None
+        if encoder is not None:
+            x = received[0]
+            memory = self._run(encoder, x if encoder.start else None, x, src_mask)  # (b, S, D)
+            if decoder is None:
+                return memory  # the encoder's hidden states, or (where it ends) the memory
+        else:
+            memory = received[-1]
+            h = received[0] if len(received) == 2 else None
+        h = self._run(decoder, tgt_ids if decoder.start else None, h, tgt_mask, memory=memory, memory_mask=src_mask)
+        return self._head(self.decoder, h) if self.is_last else (h, memory)
+
+    @staticmethod
+    def _run(part: _Part, ids: Tensor | None, h: Tensor | None, padding: Tensor | None, *,
+             memory: Tensor | None = None, memory_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+             **structure: Tensor | None) -> Tensor:
+        """This stage's layers of one stack: its embeddings of `ids` first where it holds the
+        stack's first layer (else the hidden states `h` it received), its final norm last where it
+        holds the stack's last layer. `structure`: prefix_lengths, document_ids."""
+        B, T = (ids if ids is not None else h).shape[:2]
+        device = (ids if ids is not None else h).device
+        x = part.stack.layer_inputs(B, T, padding, memory_mask=memory_mask, device=device, **structure)
+        modules = part.modules
+        if ids is not None:
+            h = modules.embed(ids, x.positions, token_type_ids)  # (b, T, D)
+        for layer in modules.layers.values():
+            h = layer(h, x.mask, bias=x.bias, positions=x.positions, key_positions=x.key_positions, memory=memory,
+                      memory_mask=x.memory_mask)
+        final_norm = getattr(modules, "final_norm", None) if part.end else None
+        return final_norm(h) if final_norm is not None else h
+
+    @staticmethod
+    def _head(modules: nn.Module, h: Tensor) -> Tensor:
+        head = getattr(modules, "head", None)
+        return head(h) if head is not None else h
 
 
 def split_stages(model: nn.Module, num_stages: int) -> list[StageModule]:
@@ -175,6 +284,59 @@ def shared_parameters(model: nn.Module, stages: list[StageModule]) -> list[tuple
         if len(holders) > 1:
             out.append((name, p, holders))
     return out
+
+
+def _widen(t: Tensor, width: int, value: int) -> Tensor:
+    """(B, W) t right-padded to `width` columns of `value`."""
+    extra = width - t.shape[1]
+    return t if extra <= 0 else torch.cat([t, t.new_full((t.shape[0], extra), value)], 1)
+
+
+def pad_batch(arch: str, input_ids: Tensor, targets: Tensor, inputs: dict[str, Tensor], widths: tuple[int, int], *,
+              ignore_index: int = -100) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """A pipeline's batch right-padded to `widths` (of the ids, of the targets) without changing
+    its loss or gradients: the padded positions take no loss (`ignore_index`) and no real position
+    attends to them -- a decoder's come after every real one (causal), an encoder's and a source's
+    are masked out (a mask of ones is made first where the batch has none). torch's schedules fix
+    the shapes the stages send at the first step: a pipeline pads narrower batches to them
+    (`Pipeline.step`), and batches to one width to join them.
+
+        >>> ids, labels, _ = pad_batch("decoder", torch.tensor([[5, 6]]), torch.tensor([[6, 7]]), {}, (3, 3))
+        >>> ids.tolist(), labels.tolist()
+        ([[5, 6, 0]], [[6, 7, -100]])
+    """
+    width, target_width = widths
+    axes = STAGE_INPUTS[arch]
+    inputs = dict(inputs)
+    bidirectional = {"encoder": "attention_mask", "encoder_decoder": "src_mask"}.get(arch)
+    if bidirectional is not None and bidirectional not in inputs and width > input_ids.shape[1]:
+        inputs[bidirectional] = torch.ones_like(input_ids)
+    for name, t in inputs.items():
+        if axes[name] is not None:
+            inputs[name] = _widen(t, width if axes[name] == "input" else target_width, 0)
+    return _widen(input_ids, width, 0), _widen(targets, target_width, ignore_index), inputs
+
+
+def join_batches(arch: str, batches: list[tuple[Tensor, Tensor, dict[str, Tensor]]], *,
+                 ignore_index: int = -100) -> tuple[Tensor, Tensor, dict[str, Tensor]]:
+    """(ids, targets, keyword inputs) batches padded to the widest (`pad_batch`) and joined along
+    the rows; a mask some of them lack is ones there.
+
+    Raises:
+        ValueError: batches that differ in a tensor other than a mask.
+    """
+    widths = (max(ids.shape[1] for ids, _, _ in batches), max(t.shape[1] for _, t, _ in batches))
+    padded = [pad_batch(arch, *b, widths, ignore_index=ignore_index) for b in batches]
+    names = sorted(set().union(*(inputs for _, _, inputs in padded)))
+    for ids, _, inputs in padded:
+        for name in names:
+            if name not in inputs and not name.endswith("mask"):
+                raise ValueError(f"batches to join must hold the same tensors: one has {name}, another not")
+            if name not in inputs:
+                width = widths[0] if STAGE_INPUTS[arch][name] == "input" else widths[1]
+                inputs[name] = torch.ones(ids.shape[0], width, dtype=torch.long, device=ids.device)
+    return (torch.cat([ids for ids, _, _ in padded]), torch.cat([t for _, t, _ in padded]),
+            {name: torch.cat([inputs[name] for _, _, inputs in padded]) for name in names})
 
 
 def is_backend_error(err: RuntimeError) -> bool:
@@ -212,8 +374,8 @@ class Pipeline:
             opt.step()
 
     Args:
-        model: a decoder or encoder from `attnlab.build_model` (or tensor-parallel with
-            gather_output=False), identical on every rank of the group.
+        model: a decoder, encoder or encoder-decoder from `attnlab.build_model` (or
+            tensor-parallel with gather_output=False), identical on every rank of the group.
         group: the pipeline-parallel process group; rank r of the group runs stage r. None:
             the default group (or one stage without torch.distributed: plain gradient accumulation).
         micro_batches: m, the micro-batches each step's batch is cut into.
@@ -253,18 +415,24 @@ class Pipeline:
         self._loss_fn = loss_fn or self._token_loss
         self._targets = 1
         self.device = next(model.parameters()).device
-        self._schedule, self._step_options = None, {}
-        if self.num_stages > 1:
-            from torch.distributed.pipelining import PipelineStage
+        self.schedule_name = schedule
+        self._widths: tuple[int, int] | None = None  # (ids, targets) widths the stages send: set by the first step
+        self._schedule, self._step_options = self._build_schedule() if self.num_stages > 1 else (None, {})
 
-            torch_stage = PipelineStage(self.stage, self.index, self.num_stages, self.device, group=group)
-            self._schedule = _schedules()[schedule](torch_stage, micro_batches, loss_fn=self._scaled_loss,
+    def _build_schedule(self):
+        """(torch's schedule over this rank's stage, the options of its `step`); torch fixes the
+        shapes the stages send at its first step."""
+        from torch.distributed.pipelining import PipelineStage
+
+        torch_stage = PipelineStage(self.stage, self.index, self.num_stages, self.device, group=self.group)
+        schedule = _schedules()[self.schedule_name](torch_stage, self.micro_batches, loss_fn=self._scaled_loss,
                                                     scale_grads=False)
-            # by default the last stage keeps every micro-batch's output (the (b, T, V) logits) until the
-            # next step and concatenates them into a return value `step` never reads: m micro-batches of
-            # logits held, not 1F1B's one (a torch without this switch keeps them)
-            if "return_outputs" in inspect.signature(self._schedule.step).parameters:
-                self._step_options = {"return_outputs": False}
+        # by default the last stage keeps every micro-batch's output (the (b, T, V) logits) until the
+        # next step and concatenates them into a return value `step` never reads: m micro-batches of
+        # logits held, not 1F1B's one (a torch without this switch keeps them)
+        if "return_outputs" in inspect.signature(schedule.step).parameters:
+            return schedule, {"return_outputs": False}
+        return schedule, {}
 
     def parameters(self):
         """This stage's parameters (for the optimizer)."""
@@ -290,25 +458,35 @@ class Pipeline:
     def _scaled_loss(self, output: Tensor, targets: Tensor) -> Tensor:
         return self._loss_fn(output, targets) / self._targets
 
-    def step(self, input_ids: Tensor, targets: Tensor) -> float:
+    def step(self, input_ids: Tensor, targets: Tensor, **inputs: Tensor) -> float:
         """Forward and backward of one batch in micro-batches; gradients land in `.grad` (added to
         what is there: zero them first). Every rank of the pipeline passes the same batch.
 
+            pipe.step(ids, labels)                                            # a decoder or encoder
+            pipe.step(ids, labels, prefix_lengths=prefix)                     # a prefix LM
+            pipe.step(src_ids, labels, src_mask=src_mask, tgt_ids=tgt_ids, tgt_mask=tgt_mask)   # seq2seq
+
         Args:
-            input_ids: (B, T) token ids (read on the first stage).
-            targets: (B, T) targets (read on the last stage); `ignore_index` where none.
+            input_ids: (B, T) token ids (read on the first stage); an encoder-decoder's source ids (B, S).
+            targets: (B, T) targets (read on the last stage), (B, Tt) for an encoder-decoder;
+                `ignore_index` where none.
+            inputs: the model's keyword tensors, given to every stage (`STAGE_INPUTS`):
+                attention_mask (B, T), prefix_lengths (B,), document_ids (B, T) of a decoder;
+                attention_mask, token_type_ids (B, T) of an encoder; src_mask (B, S), tgt_ids
+                (B, Tt, required), tgt_mask (B, Tt) of an encoder-decoder. Masks: 1 on real tokens.
+                A batch narrower than the first step's is padded to it (`pad_batch`); a wider one
+                makes the stages agree on the new shapes first.
 
         Returns:
             the batch's loss (mean over its targets; with a dp_group, over the targets of every
             data-parallel pipeline's batch), on every rank.
 
         Raises:
-            ValueError: shapes that differ, or B not divisible by micro_batches.
+            ValueError: shapes that differ, an input the model does not take, or B not divisible
+                by micro_batches.
             CollectiveError: a peer stage died or timed out.
         """
-        if input_ids.dim() != 2 or tuple(targets.shape[:2]) != tuple(input_ids.shape):
-            raise ValueError(f"input_ids must be (B, T) and targets (B, T); got {tuple(input_ids.shape)} and "
-                             f"{tuple(targets.shape)}")
+        self._check_inputs(input_ids, targets, inputs)
         if input_ids.shape[0] % self.micro_batches:
             raise ValueError(f"batch size {input_ids.shape[0]} is not divisible by micro_batches={self.micro_batches}")
         try:
@@ -317,9 +495,10 @@ class Pipeline:
                 dist.all_reduce(kept, group=self.dp_group)
             self._targets = max(float(kept), 1.0)
             if self._schedule is None:
-                loss = torch.tensor(self._step_alone(input_ids, targets), dtype=torch.float64, device=self.device)
+                loss = torch.tensor(self._step_alone(input_ids, targets, inputs), dtype=torch.float64,
+                                    device=self.device)
             else:
-                loss = self._step_pipelined(input_ids, targets)
+                loss = self._step_pipelined(input_ids, targets, inputs)
             if self.dp_group is not None:  # each pipeline's share of the loss and of its gradients: sum them
                 self._sum_data_parallel_gradients()
                 dist.all_reduce(loss, group=self.dp_group)
@@ -330,46 +509,87 @@ class Pipeline:
         return float(loss)
 
     @torch.no_grad()
-    def forward_only(self, input_ids: Tensor) -> Tensor | None:
+    def forward_only(self, input_ids: Tensor, **inputs: Tensor) -> Tensor | None:
         """The model's output for a whole batch, forward only (evaluation): each stage receives
-        the hidden states from the one before, runs its layers and sends them on; no micro-batches,
-        nothing kept for a backward pass. Every rank of the pipeline passes the same batch.
+        the hidden states (and an encoder-decoder's memory) from the one before, runs its layers
+        and sends them on; no micro-batches, nothing kept for a backward pass. Every rank of the
+        pipeline passes the same batch.
 
         Args:
-            input_ids: (B, T) token ids (read on the first stage; the others read their shape).
+            input_ids: (B, T) token ids (read on the first stage; the others read their shape);
+                an encoder-decoder's source ids (B, S).
+            inputs: the model's keyword tensors, as `step` takes them.
 
         Returns:
             the last stage's output (the head's logits, (B, T, V) or (B, T, V/n) under tensor
-            parallel) on the last stage, None on the others.
+            parallel; (B, Tt, ..) for an encoder-decoder) on the last stage, None on the others.
 
         Raises:
+            ValueError: an input the model does not take.
             CollectiveError: a peer stage died or timed out.
         """
+        self._check_inputs(input_ids, None, inputs)
+        inputs = {name: t.to(self.device) for name, t in inputs.items()}
         if self.num_stages == 1:
-            return self.stage(input_ids.to(self.device))
-        B, T = input_ids.shape
+            return self.stage(input_ids.to(self.device), **inputs)
+        B = input_ids.shape[0]
+        widths = {"input": input_ids.shape[1], "target": inputs["tgt_ids"].shape[1] if "tgt_ids" in inputs else 0}
         try:
             if self.stage.is_first:
-                h = self.stage(input_ids.to(self.device))
-            else:
-                h = torch.empty(B, T, self.config.d_model, device=self.device)  # float32 between stages
-                dist.recv(h, group_src=self.index - 1, group=self.group)
-                h = self.stage(h)
+                out = self.stage(input_ids.to(self.device), **inputs)
+            else:  # float32 between stages
+                received = [torch.empty(B, widths[axis], self.config.d_model, device=self.device)
+                            for axis in self.stage.receives]
+                for t in received:
+                    dist.recv(t, group_src=self.index - 1, group=self.group)
+                out = self.stage(*received, **inputs)
             if self.stage.is_last:
-                return h
-            dist.send(h.float().contiguous(), group_dst=self.index + 1, group=self.group)
+                return out
+            for t in out if isinstance(out, tuple) else (out,):
+                dist.send(t.float().contiguous(), group_dst=self.index + 1, group=self.group)
         except RuntimeError as err:
             if not is_backend_error(err):
                 raise
             raise _collective_error(self.index, self.num_stages, err) from err
         return None
 
-    def _step_pipelined(self, input_ids: Tensor, targets: Tensor) -> Tensor:
+    def _check_inputs(self, input_ids: Tensor, targets: Tensor | None, inputs: dict[str, Tensor]) -> None:
+        """Raise ValueError for a keyword input the model does not take or a shape that does not fit."""
+        arch = self.config.arch
+        unknown = sorted(set(inputs) - set(STAGE_INPUTS[arch]))
+        if unknown:
+            raise ValueError(f"a pipeline of arch {arch!r} takes the inputs {', '.join(STAGE_INPUTS[arch])}; got "
+                             f"{', '.join(unknown)}")
+        if arch == "encoder_decoder" and "tgt_ids" not in inputs:
+            raise ValueError("an encoder-decoder pipeline needs tgt_ids (B, Tt) beside the source ids")
+        if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be (B, T), got {tuple(getattr(input_ids, 'shape', ()))}")
+        B, widths = input_ids.shape[0], {"input": input_ids.shape[1], None: None}
+        widths["target"] = inputs["tgt_ids"].shape[-1] if "tgt_ids" in inputs else input_ids.shape[1]
+        if targets is not None and tuple(targets.shape) != (B, widths["target"]):
+            raise ValueError(f"targets must be (B, {'Tt' if arch == 'encoder_decoder' else 'T'}) = "
+                             f"{(B, widths['target'])}, got {tuple(targets.shape)}")
+        for name, t in inputs.items():
+            axis = STAGE_INPUTS[arch][name]
+            want = (B,) if axis is None else (B, widths[axis])
+            if tuple(t.shape) != want:
+                raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")
+
+    def _step_pipelined(self, input_ids: Tensor, targets: Tensor, inputs: dict[str, Tensor]) -> Tensor:
         """torch's schedule over the stages; the loss (from the last stage) on every stage."""
+        widths = (input_ids.shape[1], targets.shape[1])
+        if self._widths is not None and widths != self._widths:  # torch sends the shapes of the first step
+            grown = (max(widths[0], self._widths[0]), max(widths[1], self._widths[1]))
+            input_ids, targets, inputs = pad_batch(self.config.arch, input_ids, targets, inputs, grown,
+                                                   ignore_index=self.ignore_index)
+            if grown != self._widths:  # wider than before: the stages agree on new shapes (every rank sees it)
+                self._schedule, self._step_options = self._build_schedule()
+        self._widths = (input_ids.shape[1], targets.shape[1])
         losses: list[Tensor] = []
         args = (input_ids.to(self.device),) if self.stage.is_first else ()
         kwargs = {"target": targets.to(self.device), "losses": losses} if self.stage.is_last else {}
-        self._schedule.step(*args, **kwargs, **self._step_options)
+        inputs = {name: t.to(self.device) for name, t in inputs.items()}
+        self._schedule.step(*args, **kwargs, **inputs, **self._step_options)
         loss = torch.tensor(sum(float(x.detach()) for x in losses), dtype=torch.float64, device=self.device)
         self._sum_shared_gradients()
         dist.broadcast(loss, group_src=self.num_stages - 1, group=self.group)
@@ -386,11 +606,13 @@ class Pipeline:
             p.grad = flat[offset:offset + p.numel()].view_as(p).clone()
             offset += p.numel()
 
-    def _step_alone(self, input_ids: Tensor, targets: Tensor) -> float:
+    def _step_alone(self, input_ids: Tensor, targets: Tensor, inputs: dict[str, Tensor]) -> float:
         """One stage: the micro-batches one after the other (gradient accumulation)."""
         total = 0.0
-        for ids, tgt in zip(input_ids.chunk(self.micro_batches), targets.chunk(self.micro_batches)):
-            loss = self._scaled_loss(self.stage(ids.to(self.device)), tgt.to(self.device))
+        m = self.micro_batches
+        pieces = [{name: t.chunk(m)[i].to(self.device) for name, t in inputs.items()} for i in range(m)]
+        for ids, tgt, piece in zip(input_ids.chunk(m), targets.chunk(m), pieces):
+            loss = self._scaled_loss(self.stage(ids.to(self.device), **piece), tgt.to(self.device))
             loss.backward()
             total += float(loss.detach())
         return total

@@ -5,7 +5,8 @@ Notation: T tensor-parallel, P pipeline-parallel, D data-parallel sizes (world N
 micro-batches of b rows (b m = the rows per data-parallel rank and step); S sequence length,
 d d_model, V vocabulary; s bytes per activation value (--bytes: 4 fp32, 2 bf16). Every
 tensor-parallel and data-parallel rank of one pipeline stage holds and sends the same, so the
-plan has one row per stage (`stage_layers` says which layers each holds).
+plan has one row per stage (`stage_layers` says which layers each holds; an encoder-decoder's
+layers count as one stack, the encoder's first, Tt the target length).
 
 Memory per rank (parameters, gradients and optimizer in fp32, as attnlab trains under autocast):
 
@@ -15,18 +16,22 @@ Memory per rank (parameters, gradients and optimizer in fp32, as attnlab trains 
     activations    per micro-batch, as `attnlab.inspect.cost` counts a layer's outputs (q, k, v,
                    the attention weights a kernel holds, the feed-forward hidden), times b and s;
                    the per-head and hidden parts split T ways, the (b, S, d) layer outputs not;
-                   embeddings b S d on the first stage, logits b S V / T on the last.
+                   embeddings b S d on the first stage (an encoder-decoder's decoder: b Tt d where
+                   its first layer is), logits b S V / T (b Tt V / T) on the last.
                    Held at once: m micro-batches under GPipe (all forwards come first), P - stage
                    under 1F1B, one with P = 1 (the micro-batches run one after the other).
 
 Bytes per step (payload: the tensor size; "ring": what a rank sends in a ring collective):
 
     tp   the all-reduces of `attnlab.parallel.cost` for a b-row micro-batch, for this stage's
-         layers (embedding on the first stage, head + vocabulary-parallel loss on the last), times m
-    pp   forward: b S d s to the next stage per micro-batch; backward: its gradient, b S d s to
-         the previous one; once per step, the gradients of the tensors several stages hold (4
-         bytes each) summed over their holders: the tied embedding (first and last stage), the
-         T5 bias table (every stage)
+         layers (an embedding where its stack starts, head + vocabulary-parallel loss on the
+         last), times m
+    pp   forward: b S d s to the next stage per micro-batch (an encoder-decoder's stages inside
+         the decoder send the memory beside the decoder's states: b (S + Tt) d s); backward: the
+         gradient of what the stage received, to the previous one; once per step, the gradients
+         of the tensors several stages hold (4 bytes each) summed over their holders: the tied
+         embedding (first and last stage; an encoder-decoder's shared one also where the decoder
+         starts), the T5 bias table (every stage of its stack)
     dp   DDP: one all-reduce of the stage's gradients (4 p) per step; ring 2 (D-1)/D of it.
          FSDP: per micro-batch, an all-gather of the weights forward and again backward, a
          reduce-scatter of the gradients (Zhao et al. 2023): 3 (D-1)/D of the whole stage's
@@ -168,13 +173,12 @@ def plan_layout(config: ModelConfig, *, nproc: int, tp: int = 1, pp: int = 1, dp
     D, V, s = config.d_model, config.vocab_size, bytes_per_value
     m, b = micro_batches, batch // micro_batches
     stages: list[nn.Module] = split_stages(model, pp) if pp > 1 else [model]
-    if pp > 1:
-        spans = [[("", i) for i in r] for r in stage_layers(config.num_layers, pp)]
-    elif encdec:
-        spans = [[("encoder.", i) for i in range(config.num_layers)]
-                 + [("decoder.", i) for i in range(config.resolved_decoder_layers)]]
-    else:
-        spans = [[("", i) for i in range(config.num_layers)]]
+    # every layer as (stack, index), an encoder-decoder's encoder first: the one stack the stages cut
+    stack = ([("encoder.", i) for i in range(config.num_layers)]
+             + [("decoder.", i) for i in range(config.resolved_decoder_layers)]) if encdec else \
+        [("", i) for i in range(config.num_layers)]
+    cuts = stage_layers(len(stack), pp)
+    spans = [stack[r.start:r.stop] for r in cuts]
     layer_act = _layer_activations(config, S, Tt, tp)
     tp_cost = communication_cost(config, tp=tp, dp=1, seq_len=S, batch=b, tgt_len=tgt_len, bytes_per_value=s)
     shared = shared_parameters(model, stages) if pp > 1 else []
@@ -186,8 +190,8 @@ def plan_layout(config: ModelConfig, *, nproc: int, tp: int = 1, pp: int = 1, dp
         full_params = split // tp + replicated
         params = _fsdp_numel(stage, dp) if fsdp else full_params
         act = b * sum(layer_act[key] for key in span)
-        if first:
-            act += b * (S + Tt if encdec else S) * D
+        act += b * S * D * (("", 0) in span or ("encoder.", 0) in span)  # the embeddings where their stack starts
+        act += b * Tt * D * (("decoder.", 0) in span)
         V_rank = -(-V // tp)  # the vocabulary slice of a rank (padded when tp does not divide V)
         if last and config.head == "lm":
             act += b * Tt * V_rank
@@ -196,8 +200,10 @@ def plan_layout(config: ModelConfig, *, nproc: int, tp: int = 1, pp: int = 1, dp
         act *= s
         gpipe = act * (m if pp > 1 else 1)
         one_f_one_b = act * min(m, pp - index)
-        fwd, bwd = _tp_stage_bytes(tp_cost, len(span), first, last, pp)
-        message = m * b * S * D * s if pp > 1 else 0
+        fwd, bwd = _tp_stage_bytes(tp_cost, span, last, pp)
+        # what a stage sends on: (b, S, D) hidden states or memory; within the decoder, its (b, Tt, D) too
+        sent = m * b * D * s * (S + (Tt if span[-1][0] == "decoder." else 0))
+        received = m * b * D * s * (S + (Tt if span[0][0] == "decoder." and span[0][1] > 0 else 0))
         grads = PARAM_BYTES * full_params
         # the tensors several stages hold are all split by tensor parallel (vocabulary rows, T5 bias heads)
         mine = [(_per_rank(p, tp, vocabulary) * PARAM_BYTES, len(holders)) for _, p, holders in shared
@@ -209,14 +215,14 @@ def plan_layout(config: ModelConfig, *, nproc: int, tp: int = 1, pp: int = 1, dp
             dp_payload = grads if dp > 1 else 0
             dp_ring = dp_payload * ring_factor(dp)
         rows.append({
-            "stage": index, "layers": [0, len(span)] if encdec else [span[0][1], span[-1][1] + 1],
+            "stage": index, "layers": [cuts[index].start, cuts[index].stop],
             "params_per_rank": params, "weights_bytes": PARAM_BYTES * params, "gradients_bytes": PARAM_BYTES * params,
             "optimizer_bytes": ADAM_BYTES * params, "activation_bytes_per_micro_batch": act,
             "activation_bytes_gpipe": gpipe, "activation_bytes_1f1b": one_f_one_b,
             "total_bytes": 2 * PARAM_BYTES * params + ADAM_BYTES * params + gpipe,
             "tp_forward_bytes": m * fwd, "tp_backward_bytes": m * bwd,
             "tp_ring_bytes": m * (fwd + bwd) * ring_factor(tp),
-            "pp_send_forward_bytes": 0 if last else message, "pp_send_backward_bytes": 0 if first else message,
+            "pp_send_forward_bytes": 0 if last else sent, "pp_send_backward_bytes": 0 if first else received,
             "pp_shared_gradient_bytes": sum(n for n, _ in mine),
             "pp_shared_ring_bytes": sum(n * ring_factor(k) for n, k in mine),
             "dp_bytes": dp_payload, "dp_ring_bytes": dp_ring,
@@ -242,18 +248,21 @@ def _per_rank(p: nn.Parameter, tp: int, vocabulary: set[int]) -> int:
     return p.numel() // tp
 
 
-def _tp_stage_bytes(cost: dict[str, Any], n_layers: int, first: bool, last: bool, pp: int) -> tuple[int, int]:
-    """(forward, backward) tensor-parallel payload of one micro-batch on a stage holding
-    n_layers layers (and the embedding when first, the head when last)."""
+def _tp_stage_bytes(cost: dict[str, Any], span: list[tuple[str, int]], last: bool, pp: int) -> tuple[int, int]:
+    """(forward, backward) tensor-parallel payload of one micro-batch on a stage holding the
+    layers `span` ((stack, index) pairs; a stack's embedding where it holds its layer 0, the head
+    when last)."""
     if pp == 1:
         return cost["tp_forward_bytes"], cost["tp_backward_bytes"]
     fwd = bwd = 0
     for row in cost["rows"]:
+        stack = next((s for s in ("encoder.", "decoder.") if row["part"].startswith(s[:-1] + " ")), "")
         if "embedding" in row["part"]:
-            share = 1 if first else 0
+            share = 1 if (stack, 0) in span else 0
         elif "head" in row["part"]:
             share = 1 if last else 0
-        else:  # per layer: this stage's share of the count
+        else:  # per layer: this stage's share of the count (the layers of the row's stack; Shaw's tables: all)
+            n_layers = sum(1 for s, _ in span if s == stack or row["part"].startswith("Shaw"))
             fwd += row["forward_bytes"] // row["count"] * n_layers
             bwd += row["backward_bytes"] // row["count"] * n_layers
             continue

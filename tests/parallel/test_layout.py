@@ -53,8 +53,11 @@ def test_sizes_that_do_not_fit_are_refused(base, parallel, nproc, message):
     ({"tp": 2}, {"model": {"moe": {"num_experts": 2}}}, "parallel.tp: 2: tensor parallel does not support "
                                                         "moe.num_experts=2"),
     ({"pp": 4}, {}, "parallel.pp: 4: pipeline parallel: pp=4 stages is deeper than the model's num_layers=2"),
-    ({"pp": 2}, {"data": {"objective": "seq2seq", "source": "de-en"}},
-     "parallel.pp: 2: pipeline parallel (pp=2) supports arch decoder and encoder, not arch='encoder_decoder'"),
+    ({"pp": 2}, {"model": {"arch": "rnn_encoder_decoder"}, "data": {"objective": "seq2seq", "source": "de-en"}},
+     "parallel.pp: 2: pipeline parallel (pp=2) supports arch decoder, encoder, encoder_decoder, not "
+     "arch='rnn_encoder_decoder'"),
+    ({"pp": 4}, {"data": {"objective": "seq2seq", "source": "de-en"}, "model": {"num_decoder_layers": 1}},
+     "parallel.pp: 4: pipeline parallel: pp=4 stages is deeper than the model's 3 layers"),
     ({"tp": 2}, {"train": {"precision": "fp16"}}, "train.precision: 'fp16' (a loss scaler per rank) is not supported "
                                                   "with parallel.tp=2"),
     ({"pp": 2}, {"lora": {"rank": 2}}, "lora: adapters are not supported with parallel.pp=2"),
@@ -64,9 +67,8 @@ def test_sizes_that_do_not_fit_are_refused(base, parallel, nproc, message):
                                                                     "parallel.tp=2"),
     ({"pp": 2}, {"train": {"activation_checkpointing": True}}, "train.activation_checkpointing: true is not "
                                                                "supported with parallel.pp=2"),
-    ({"pp": 2}, {"data": {"objective": "prefix_lm"}}, "data.objective: 'prefix_lm' is not supported with "
-                                                      "parallel.pp=2"),
-    ({"pp": 2}, {"data": {"pack": "pad"}}, "data.pack: 'pad' is not supported with parallel.pp=2"),
+    ({"pp": 2}, {"data": {"objective": "seq2seq", "source": "de-en", "batch_tokens": 64}},
+     "data.batch_tokens: 64 is not supported with parallel.pp=2: its batches hold a varying number of rows"),
     ({"pp": 2, "micro_batches": 3}, {"train": {"grad_accum": 2}}, "parallel.micro_batches: 3 does not divide the 8 "
                                                                   "rows of a step (data.batch_size=4 x "
                                                                   "train.grad_accum=2)"),
@@ -76,6 +78,15 @@ def test_what_a_layout_cannot_split_is_refused_by_field_and_axis(base, parallel,
     with pytest.raises(ConfigError) as info:
         check_layout(_config(base, parallel, **sections), world)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("data", [{"objective": "prefix_lm"}, {"pack": "pad"}, {"pack": "document_masked"},
+                                  {"objective": "seq2seq", "source": "de-en"}, {"objective": "encoder_decoder_lm"},
+                                  {"objective": "span_corruption"}, {"objective": "pairs_lm", "source": "de-en"}])
+def test_every_objective_and_packing_fits_a_pipeline(base, data):
+    """Their masks, prefix lengths, document ids and target ids go to every stage."""
+    assert check_layout(_config(base, {"pp": 2}, data=data), 4) == (1, 2, 2)
+    assert check_layout(_config(base, {"tp": 2, "pp": 2}, data=data), 4) == (2, 2, 1)
 
 
 def test_a_vocabulary_tp_does_not_divide_is_no_error(base):

@@ -3,9 +3,10 @@ runs it with a `parallel` section: the losses, gradient norms and validation los
 equal a one-process run of the same config; the checkpoints (gathered on rank 0) resume in one
 process, and a one-process checkpoint resumes on tp 2, each continuing equal; a rank that dies
 mid-step stops the other with a clear error and leaves no half-written checkpoint. The default
-suite trains the 2-process layouts once (a module fixture, ~13 s); the failures, the 4-process
-layouts (tp 2 x dp 2, pp 2 x dp 2), the command line under torchrun and the other objectives are
-slow on a 2-core machine: `make test-slow`."""
+suite trains the 2-process layouts once (a module fixture, ~13 s) and a seq2seq encoder-decoder
+on pp 2 (~10 s); the failures, the 4-process layouts (tp 2 x dp 2, pp 2 x dp 2, seq2seq on tp 2 x
+pp 2 and pp 2 x dp 2), the command line under torchrun and the other objectives are slow on a
+2-core machine: `make test-slow`."""
 
 import copy
 import json
@@ -23,6 +24,7 @@ from tests.parallel.workers import mesh_suite as ddp_mesh_suite
 from tests.training.helpers import tiny_config
 
 STEPS = 4
+SEQ2SEQ_PP2 = {"pp": 2, "micro_batches": 2, "schedule": "1f1b"}
 
 
 def _base(folder, **train) -> dict:
@@ -96,6 +98,44 @@ def test_checkpoint_resumes_in_one_process_and_continues_equal(runs, layout, tmp
     _assert_same_run(resumed, folder / "one")
 
 
+def _seq2seq_base(folder) -> dict:
+    """`_base` as a seq2seq encoder-decoder (2 + 2 layers, padding masks, cross-attention) on
+    sentence pairs of 1 to 5 words: the widths of its batches change from one batch to the next."""
+    from tests.training.helpers import WORDS
+
+    pairs = [(" ".join(WORDS[(i + k) % len(WORDS)] for k in range(1 + i % 5)),
+              " ".join(WORDS[(3 * i + k) % len(WORDS)] for k in range(1 + (i * 7) % 5))) for i in range(40)]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pairs.tsv").write_text("".join(f"{a}\t{b}\n" for a, b in pairs))
+    base = _base(folder / "data", bleu_samples=0)  # BLEU is not computed on a split model
+    base["data"].update(objective="seq2seq", source=str(folder / "pairs.tsv"), valid=str(folder / "pairs.tsv"),
+                        max_pair_len=40)
+    base["model"].update(preset="tiny-encoder-decoder", d_model=32, num_heads=2, d_ff=64)
+    return base
+
+
+@pytest.fixture(scope="module")
+def seq2seq_runs(tmp_path_factory):
+    """A seq2seq run in one process and on pp 2 (2 micro-batches, 1F1B)."""
+    folder = tmp_path_factory.mktemp("seq2seq")
+    base = _seq2seq_base(folder)
+    _fit(layout_config(base, str(folder / "one"), {}))
+    spawn(fit_on_rank, 2, args=(layout_config(base, str(folder / "pp2"), SEQ2SEQ_PP2),), timeout_s=150,
+          collective_timeout_s=60)
+    return folder, base
+
+
+def test_seq2seq_on_a_pipeline_equals_one_process(seq2seq_runs):
+    """The encoder's layers on stage 0, the decoder's on stage 1 (the memory and the source mask
+    carried to it); padded batches of changing widths: every step equals one process, and so does
+    its checkpoint resumed in one process."""
+    folder, base = seq2seq_runs
+    _assert_same_run(folder / "pp2", folder / "one")
+    resumed = folder / "pp2-in-one"
+    _fit(layout_config(base, str(resumed), {}), resume_from=folder / "pp2" / "checkpoints" / checkpoint_name(2))
+    _assert_same_run(resumed, folder / "one")
+
+
 def test_one_process_checkpoint_resumes_on_tp_2_and_continues_equal(runs):
     folder, _, results = runs
     assert all(report["tp2-resumed"] == "ok" for report in results), results
@@ -138,6 +178,21 @@ def test_four_processes_with_data_parallel_equal_one_process(tmp_path, parallel)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("parallel", [{"tp": 2, "pp": 2, "micro_batches": 2}, {"pp": 2, "micro_batches": 4}],
+                         ids=["tp2_pp2", "pp2_dp2"])
+def test_seq2seq_on_four_processes_equals_one_process(tmp_path, parallel):
+    """The encoder-decoder pipeline with each stage split over tp 2 (the vocabulary-parallel loss on
+    the last), or two pipelines over dp 2 (the batches of one process with twice the accumulation)."""
+    base = _seq2seq_base(tmp_path)
+    one = copy.deepcopy(base)
+    one["train"]["grad_accum"] *= 2 if "tp" not in parallel else 1
+    _fit(layout_config(one, str(tmp_path / "one"), {}))
+    spawn(fit_on_rank, 4, args=(layout_config(base, str(tmp_path / "four"), parallel),), timeout_s=400,
+          collective_timeout_s=120)
+    _assert_same_run(tmp_path / "four", tmp_path / "one")
+
+
+@pytest.mark.slow
 def test_tensor_parallel_under_ddp_matches_one_process():
     results = spawn(ddp_mesh_suite, 4, args=(2,), tp=2, timeout_s=240, collective_timeout_s=120)
     for rank, checks in enumerate(results):
@@ -177,14 +232,18 @@ def test_the_writer_dying_mid_step_stops_the_other_with_a_clear_error(tmp_path):
 
 @pytest.mark.slow
 def test_other_objectives_on_each_axis_equal_one_process(tmp_path):
-    """A masked-LM encoder on pp 2 and tp 2 (its accuracy too), a prefix LM (prefix masks) and a
-    seq2seq encoder-decoder (padding masks, cross-attention) on tp 2."""
+    """A masked-LM encoder on pp 2 and tp 2 (its accuracy too), a prefix LM (prefix masks) on pp 2
+    and tp 2, a causal LM packed one document per row (padding masks) and with document masks on
+    pp 2 (GPipe), and a seq2seq encoder-decoder (padding masks, cross-attention) on tp 2."""
     pairs = [(f"the {w} is here .", f"der {w} ist hier .") for w in ("king", "queen", "lord", "sword", "crown")] * 8
     (tmp_path / "pairs.tsv").write_text("".join(f"{a}\t{b}\n" for a, b in pairs))
     runs = {
         "mlm-pp2": ({"objective": "masked_lm"}, {}, {"pp": 2, "micro_batches": 2}),
         "mlm-tp2": ({"objective": "masked_lm"}, {}, {"tp": 2}),
         "prefix-tp2": ({"objective": "prefix_lm"}, {}, {"tp": 2}),
+        "prefix-pp2": ({"objective": "prefix_lm"}, {}, {"pp": 2, "micro_batches": 2, "schedule": "1f1b"}),
+        "pad-pp2": ({"pack": "pad"}, {}, {"pp": 2, "micro_batches": 4}),
+        "documents-pp2": ({"pack": "document_masked"}, {}, {"pp": 2, "micro_batches": 2}),
         "seq2seq-tp2": ({"objective": "seq2seq", "source": str(tmp_path / "pairs.tsv"),
                          "valid": str(tmp_path / "pairs.tsv"), "max_pair_len": 12},
                         {"preset": "tiny-encoder-decoder", "d_model": 32, "num_heads": 2, "d_ff": 64}, {"tp": 2}),

@@ -1,15 +1,19 @@
 """Pipeline parallel (pp = 2 over gloo, torch.distributed.pipelining): the loss and every
-gradient of a step equal the single-process run's, 3 Adam steps end at the same parameters, the
-stages send what `attnlab parallel plan` predicts; refused layouts name the variant and the axis.
-The ranks run every check in one process group (tests/parallel/pipeline_workers.py)."""
+gradient of a step equal the single-process run's -- decoders, encoders, prefix LMs and padded
+rows (masks given to every stage), encoder-decoders with padded sources and targets (the memory
+carried from the encoder's stage), GPipe and 1F1B -- Adam steps end at the same parameters (an
+encoder-decoder's too, on batches whose widths change), evaluation through the stages gives the
+model's logits, the stages send what `attnlab parallel plan` predicts; refused layouts name the
+variant and the axis. The ranks run every check in one process group (tests/parallel/pipeline_workers.py)."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import attnlab
 from attnlab.parallel import spawn
 from attnlab.parallel.pipeline import Pipeline, StageModule, check_pipeline_supported, split_stages, stage_layers
-from tests.parallel.pipeline_workers import VARIANTS, batch, full_loss
+from tests.parallel.pipeline_workers import VARIANTS, batch, full_loss, variant_batch
 from tests.parallel.workers import tiny_config
 
 STEPS = 3
@@ -28,9 +32,15 @@ def test_loss_and_gradients_match_single_process(pp_run, variant):
         assert checks[f"equivalence/{variant}"] == "ok", f"rank {rank}: {checks[f'equivalence/{variant}']}"
 
 
-def test_adam_steps_match_single_process(pp_run):
+@pytest.mark.parametrize("check", ["training", "training/seq2seq"])
+def test_adam_steps_match_single_process(pp_run, check):
     for rank, checks in enumerate(pp_run):
-        assert checks["training"] == "ok", f"rank {rank}: {checks['training']}"
+        assert checks[check] == "ok", f"rank {rank}: {checks[check]}"
+
+
+def test_forward_only_through_the_stages_matches_the_model(pp_run):
+    for rank, checks in enumerate(pp_run):
+        assert checks["forward_only"] == "ok", f"rank {rank}: {checks['forward_only']}"
 
 
 @pytest.mark.parametrize("axis", ["tp2", "dp2"])
@@ -87,6 +97,20 @@ def test_stages_partition_the_model_under_its_own_names():
     assert {n.split(".")[1] for n in names[0] if n.startswith("layers.")} == {"0", "1"}
 
 
+def test_an_encoder_decoder_is_cut_as_one_stack_encoder_first():
+    model = attnlab.build_model(tiny_config("encoder_decoder", num_layers=2, num_decoder_layers=3,
+                                            tie_embeddings=False, share_embeddings=False))
+    stages = split_stages(model, 3)  # layers 0-1 of the encoder | decoder 0-1 | decoder 2
+    names = [set(s.state_dict()) for s in stages]
+    assert set().union(*names) == set(model.state_dict()) and sum(map(len, names)) == len(model.state_dict())
+    prefixes = [{".".join(n.split(".")[:2]) for n in part} for part in names]
+    assert prefixes[0] == {"encoder.embed", "encoder.layers", "encoder.final_norm"}  # ends with the memory
+    assert prefixes[1] == {"decoder.embed", "decoder.layers"}
+    assert prefixes[2] == {"decoder.layers", "decoder.final_norm", "decoder.head"}
+    # what each receives: nothing (the source ids are its argument), the memory, the decoder's states and the memory
+    assert [s.receives for s in stages] == [(), ("input",), ("target", "input")]
+
+
 def test_one_stage_is_gradient_accumulation_over_micro_batches():
     torch.manual_seed(0)
     full = attnlab.build_model(tiny_config("decoder"))
@@ -103,9 +127,31 @@ def test_one_stage_is_gradient_accumulation_over_micro_batches():
         Pipeline(attnlab.build_model(tiny_config("decoder")), micro_batches=3).step(ids, labels)
 
 
+def test_one_stage_of_an_encoder_decoder_takes_its_masks_and_target_ids():
+    torch.manual_seed(0)
+    full = attnlab.build_model(tiny_config("encoder_decoder"))
+    torch.manual_seed(0)
+    pipe = Pipeline(attnlab.build_model(tiny_config("encoder_decoder")), micro_batches=2)
+    src, labels, inputs = variant_batch("seq2seq", 2)
+    reference = full_loss(full, src, labels, **inputs)
+    reference.backward()
+    assert pipe.step(src, labels, **inputs) == pytest.approx(float(reference.detach()), abs=1e-6)
+    grads = dict(full.named_parameters())
+    for name, p in pipe.stage.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name].grad, atol=1e-6, rtol=0, msg=lambda m: f"{name}: {m}")
+    with pytest.raises(ValueError, match="needs tgt_ids"):
+        pipe.step(src, labels, src_mask=inputs["src_mask"])
+    with pytest.raises(ValueError, match="takes the inputs src_mask, tgt_ids, tgt_mask; got attention_mask"):
+        pipe.step(src, labels, attention_mask=inputs["src_mask"], tgt_ids=inputs["tgt_ids"])
+    with pytest.raises(ValueError, match=r"targets must be \(B, Tt\) = \(4, 5\), got \(4, 6\)"):
+        pipe.step(src, src, **inputs)
+
+
 @pytest.mark.parametrize("arch, overrides, pp, message", [
     ("decoder", {"num_layers": 2}, 3, "pp=3 stages is deeper than the model's num_layers=2"),
-    ("encoder_decoder", {}, 2, "not arch='encoder_decoder'"),
+    ("rnn_encoder_decoder", {}, 2, "not arch='rnn_encoder_decoder'"),
+    ("encoder_decoder", {"num_layers": 1, "num_decoder_layers": 2}, 4,
+     "pp=4 stages is deeper than the model's 3 layers (num_layers=1 encoder + 2 decoder)"),
     ("encoder", {"head": "classification", "num_labels": 2}, 2, "head='classification'"),
     ("decoder", {"moe": {"num_experts": 2}}, 2, "moe.num_experts=2"),
     ("decoder", {"memory_len": 4, "position": {"scheme": "rotary"}}, 2, "memory_len=4"),
@@ -116,6 +162,44 @@ def test_unsupported_layouts_are_refused_by_name_and_axis(arch, overrides, pp, m
     with pytest.raises(ValueError, match="pipeline parallel") as info:
         check_pipeline_supported(tiny_config(arch, **overrides), pp)
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("arch, kind", [("decoder", "padded"), ("decoder", "prefix"), ("encoder", "lm"),
+                                        ("encoder", "padded_mlm"), ("encoder_decoder", "seq2seq")])
+def test_padding_and_joining_batches_keeps_the_loss_and_outputs(arch, kind):
+    """What a pipeline does to batches of other widths (pad_batch, join_batches) changes no real
+    position's output: right padding that a causal decoder never sees, or masked out (a mask made
+    where the batch has none: the encoder's lm batch)."""
+    from attnlab.parallel.pipeline import join_batches, pad_batch
+
+    torch.manual_seed(0)
+    model = attnlab.build_model(tiny_config(arch, num_decoder_layers=1) if arch == "encoder_decoder" else
+                                tiny_config(arch))
+
+    def logits(ids, inputs):
+        if arch == "encoder_decoder":
+            return model(ids, inputs["tgt_ids"], inputs.get("src_mask"), inputs.get("tgt_mask"))
+        return model(ids, inputs.get("attention_mask"), **{k: v for k, v in inputs.items() if k != "attention_mask"})
+
+    ids, labels, inputs = variant_batch(kind, 3)
+    wider = (ids.shape[1] + 3, labels.shape[1] + (2 if arch == "encoder_decoder" else 3))
+    padded = pad_batch(arch, ids, labels, inputs, wider)
+    assert (padded[0].shape[1], padded[1].shape[1]) == wider
+    assert int((padded[1] != -100).sum()) == int((labels != -100).sum())
+    real = labels != -100
+    torch.testing.assert_close(logits(padded[0], padded[2])[:, :labels.shape[1]][real], logits(ids, inputs)[real],
+                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(full_loss(model, *padded[:2], **padded[2]), full_loss(model, ids, labels, **inputs),
+                               atol=1e-6, rtol=0)
+    if kind == "seq2seq":
+        other = variant_batch(kind, 4, 4, 3)
+    else:  # 5 columns of another batch
+        o_ids, o_labels, o_inputs = variant_batch(kind, 4)
+        other = (o_ids[:, :5], o_labels[:, :5], {k: v[:, :5] if v.dim() == 2 else v for k, v in o_inputs.items()})
+    joined = join_batches(arch, [(ids, labels, inputs), other])
+    want = torch.cat([F.cross_entropy(logits(i, x).flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum")[None]
+                      for i, y, x in ((ids, labels, inputs), other)]).sum() / (int(real.sum()) + int((other[1] != -100).sum()))
+    torch.testing.assert_close(full_loss(model, *joined[:2], **joined[2]), want, atol=1e-6, rtol=0)
 
 
 def test_mesh_coordinates_vary_tp_fastest_and_pp_slowest():

@@ -108,6 +108,43 @@ def test_without_pipeline_one_stage_holds_the_sharded_model(monkeypatch):
     assert plan["bubble_fraction"] == 0 and plan["stages"][0]["pp_send_forward_bytes"] == 0
 
 
+@pytest.mark.parametrize("encoder_layers, decoder_layers", [(2, 2), (1, 3)], ids=["cut_between", "cut_in_decoder"])
+def test_an_encoder_decoder_pipeline_holds_and_sends_what_its_stages_do(encoder_layers, decoder_layers, monkeypatch):
+    """Its layers cut as one stack, the encoder's first: each stage's parameters are those of the
+    stage split_stages gives the tensor-parallel model; a stage inside the decoder sends the
+    memory beside the decoder's states, and the decoder's embedding sits where its layer 0 is."""
+    from attnlab.parallel.pipeline import split_stages
+
+    cfg = tiny_config("encoder_decoder", num_layers=encoder_layers, num_decoder_layers=decoder_layers,
+                      position={"scheme": "t5_bias"}, **EAGER)
+    b, S, Tt, D, m, s = 2, 8, 6, 32, 2, 4
+    plan = plan_layout(cfg, nproc=4, tp=2, pp=2, micro_batches=m, seq_len=S, tgt_len=Tt, batch=b * m)
+    model = _sharded_by_tensor_py(attnlab.build_model(cfg), 2, 0, monkeypatch)
+    for row, stage in zip(plan["stages"], split_stages(model, 2)):
+        assert row["params_per_rank"] == sum({id(p): p.numel() for p in stage.parameters()}.values())
+    first, last = plan["stages"]
+    assert (first["layers"], last["layers"]) == ([0, 2], [2, 4])
+    sent = m * b * D * s * (S if encoder_layers == 2 else S + Tt)  # the memory; (decoder states, memory)
+    assert (first["pp_send_forward_bytes"], first["pp_send_backward_bytes"]) == (sent, 0)
+    assert (last["pp_send_forward_bytes"], last["pp_send_backward_bytes"]) == (0, sent)
+    # activations: the layers' (as the one-stage plan counts them), the encoder's embeddings b S D on the first
+    # stage, the decoder's b Tt D where its layer 0 is, the logits b Tt V/tp on the last
+    from attnlab.parallel.plan import _layer_activations
+
+    per_layer = _layer_activations(cfg, S, Tt, 2)
+    stack = [("encoder.", i) for i in range(encoder_layers)] + [("decoder.", i) for i in range(decoder_layers)]
+    spans = [stack[:2], stack[2:]]
+    for index, (row, span) in enumerate(zip(plan["stages"], spans)):
+        want = sum(per_layer[key] for key in span) + S * D * (index == 0) + Tt * D * (("decoder.", 0) in span)
+        want += Tt * 64 // 2 * (index == 1)
+        assert row["activation_bytes_per_micro_batch"] == s * b * want, index
+    assert plan["shared_across_stages"][0] == "encoder.embed.token.weight"  # shared and tied: on both stages
+    # the stages share out the tensor-parallel all-reduces of the whole model: each stack's layers and embedding
+    whole = plan_layout(cfg, nproc=2, tp=2, micro_batches=m, seq_len=S, tgt_len=Tt, batch=b * m)["stages"][0]
+    for key in ("tp_forward_bytes", "tp_backward_bytes"):
+        assert first[key] + last[key] == whole[key] and first[key] > 0 and last[key] > 0
+
+
 def test_fsdp_shards_weights_gradients_and_adam_over_the_data_axis():
     cfg = tiny_config("decoder", vocab_size=66)  # 66 rows: padded to 3 x 22
     ddp = plan_layout(cfg, nproc=3, seq_len=8, batch=2)["stages"][0]
@@ -133,7 +170,8 @@ def test_fsdp_shards_weights_gradients_and_adam_over_the_data_axis():
     ("decoder", {}, dict(nproc=3, pp=3), "pp=3 stages is deeper than the model's num_layers=2"),
     ("decoder", {"attention": {"kernel": "sliding_window", "window": 4}}, dict(nproc=2, tp=2),
      "tensor parallel does not support attention.kernel='sliding_window'"),
-    ("encoder_decoder", {}, dict(nproc=2, pp=2), "pipeline parallel (pp=2) supports arch decoder and encoder"),
+    ("encoder_decoder", {"num_layers": 1, "num_decoder_layers": 1}, dict(nproc=3, pp=3),
+     "pp=3 stages is deeper than the model's 2 layers (num_layers=1 encoder + 1 decoder)"),
     ("decoder", {}, dict(nproc=4, tp=2, fsdp=True), "fsdp with tp=2 is not supported"),
     ("decoder", {}, dict(nproc=4, pp=2, fsdp=True), "fsdp with pp=2 is not supported"),
     ("decoder", {}, dict(nproc=1, micro_batches=3),
