@@ -14,21 +14,30 @@ Method: each (kernel, T) runs in a fresh Python process. Time: wall clock of for
 (`out.backward(grad)`), median of --repeat runs after a warm-up at min(T, 2048) and one at T
 (none at T above 8k).
 Each time is also given as process CPU time ("cpu_seconds", all threads), which a shared
-machine's load disturbs far less than wall time; with --threads 1 it is the work done.
+machine's load disturbs far less than wall time; with --threads 1 it is the work done. Other
+processes only ever add to it, so the fastest run is given too ("cpu_seconds_min").
 
 --interleave: time ratios measured with the kernels taking turns (A, B, C, A, B, C, ...) in one
 process per T, so a shared machine's load hits all alike; the JSON's "ratios" then come from
 those runs (use this on a busy machine, with --threads 1). The dense peers (SDPA, naive) are
 too slow to take turns: their ratios come from their own processes.
 
+--baseline REF: also time the sliding window as of git revision REF ("sliding_window@REF": the
+band kernel's file at REF, loaded beside today's), so that a change to the kernel is measured
+against its parent side by side, in turns in one process with --interleave.
+
 Memory: torch's CPU allocations are plain malloc/mmap, invisible to tracemalloc, so we read the
 process's resident set from /proc: reset the peak with /proc/self/clear_refs ("5"), then
 peak extra = VmHWM after forward + backward - VmRSS before it. q, k, v and the incoming gradient
-exist before; the gradients of q, k, v (3 x T x 6 x 64 x 4 bytes) are part of the extra.
+exist before; the gradients of q, k, v (3 x T x 6 x 64 x 4 bytes, 288 MiB at 64k) are part of
+the extra, and "peak_extra_beyond_grads_mib" is the extra without them: the output, the kernel's
+working memory and what the allocator keeps.
 
     python benchmarks/bench_long_attention.py --sizes 1024,2048,4096 --out bench.json
     python benchmarks/bench_long_attention.py --sizes 16384,32768,65536 --max-sdpa 32768 \
         --kernels sdpa,sliding_window,longformer,bigbird --repeat 3 --threads 2 --out long.json
+    python benchmarks/bench_long_attention.py --sizes 65536 --kernels sliding_window --baseline HEAD \
+        --repeat 3 --threads 1 --interleave --out change.json
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 
 from machine import loadavg
 
@@ -52,6 +62,18 @@ KEYS = {"sliding_window": "w + 1 = 257", "longformer": "w + 1 = 257, + 2 global"
         "bigbird_r2": "5 blocks of 64 = 320 (2 window, 1 global, 2 random)", "sdpa": "all earlier (causal)",
         "naive": "all earlier (causal)", "linformer": "k = 256 projected"}
 H, DH, WINDOW = 6, 64, 256
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BAND = "attnlab/nn/kernels/band.py"
+
+
+def band_at(ref: str) -> types.ModuleType:
+    """The band kernel's module as of git revision `ref`, loaded beside today's (it imports only torch)."""
+    done = subprocess.run(["git", "show", f"{ref}:{BAND}"], capture_output=True, text=True, cwd=ROOT, check=False)
+    if done.returncode:
+        raise SystemExit(f"--baseline: cannot read {BAND} at {ref!r}: {done.stderr.strip()}")
+    module = types.ModuleType(f"band_at_{ref}")
+    exec(compile(done.stdout, f"{ref}:{BAND}", "exec"), module.__dict__)
+    return module
 
 
 def _status_bytes(field: str) -> int:
@@ -81,6 +103,9 @@ def _attention(kernel: str, T: int):
         return naive
     if kernel == "sliding_window":
         return lambda q, k, v: sliding_window_attention(q, k, v, window=WINDOW, causal=True)
+    if kernel.startswith("sliding_window@"):  # what sliding_window_attention calls here: the band kernel
+        band = band_at(kernel.split("@", 1)[1])
+        return lambda q, k, v: band.band_attention(q, k, v, window=WINDOW, causal=True, tile=64, scale=DH**-0.5)
     if kernel == "longformer":
         globals_ = torch.tensor([0, T // 2])
         return lambda q, k, v: longformer_attention(q, k, v, window=WINDOW, global_tokens=globals_, causal=True)
@@ -128,8 +153,10 @@ def measure_one(kernel: str, T: int, repeat: int, threads: int | None = None) ->
             times.append(elapsed)
             cpu.append(elapsed_cpu)
             peaks.append(peak)
+    grads = 3 * T * H * DH * 4  # the gradients of q, k, v (fp32)
     return {"kernel": kernel, "T": T, "seconds": statistics.median(times), "cpu_seconds": statistics.median(cpu),
-            "runs": len(times), "peak_extra_mib": round(max(peaks) / 2**20, 1)}
+            "cpu_seconds_min": min(cpu), "runs": len(times), "peak_extra_mib": round(max(peaks) / 2**20, 1),
+            "peak_extra_beyond_grads_mib": round((max(peaks) - grads) / 2**20, 1)}
 
 
 def mean_keys(kernel: str, T: int) -> float | None:
@@ -183,7 +210,8 @@ def measure_turns(kernels: list[str], T: int, repeat: int, threads: int | None =
                 times[name].append(time.perf_counter() - start)
                 cpu[name].append(time.process_time() - start_cpu)
     return {"T": T, "runs": repeat, "seconds": {n: round(statistics.median(t), 4) for n, t in times.items()},
-            "cpu_seconds": {n: round(statistics.median(t), 4) for n, t in cpu.items()}}
+            "cpu_seconds": {n: round(statistics.median(t), 4) for n, t in cpu.items()},
+            "cpu_seconds_min": {n: round(min(t), 4) for n, t in cpu.items()}}
 
 
 def run_turns(kernels: list[str], T: int, repeat: int, timeout: float, threads: int | None) -> dict:
@@ -226,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch threads per point (default: torch's own); every kernel and peer gets the same")
     parser.add_argument("--interleave", action="store_true",
                         help="also time the kernels taking turns in one process per T; ratios come from these")
+    parser.add_argument("--baseline", metavar="REF",
+                        help="also time the sliding window as of this git revision (kernel sliding_window@REF)")
     parser.add_argument("--out", help="also write the JSON here (atomically)")
     parser.add_argument("--one", nargs=2, metavar=("KERNEL", "T"), help=argparse.SUPPRESS)
     parser.add_argument("--turns", nargs=2, metavar=("KERNELS", "T"), help=argparse.SUPPRESS)
@@ -241,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
     for name in kernels:
         if name not in KERNELS:
             raise SystemExit(f"--kernels: unknown kernel {name!r}; choose from {', '.join(KERNELS)}")
+    if args.baseline:
+        band_at(args.baseline)  # fails here, not in every worker, when the revision has no band kernel
+        kernels.append(f"sliding_window@{args.baseline}")
     limits = {"sdpa": args.max_sdpa, "naive": args.max_naive, "linformer": args.max_linformer}
     load_start = loadavg()
     results = []
@@ -251,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 row = run_isolated(name, T, args.repeat, args.timeout, args.threads)
             if "seconds" in row or "peak_extra_mib" in row:
-                row["keys"], row["mean_keys"] = KEYS.get(name), mean_keys(name, T)
+                row["keys"], row["mean_keys"] = KEYS.get(name.split("@")[0]), mean_keys(name.split("@")[0], T)
             print(json.dumps(row), file=sys.stderr, flush=True)
             results.append(row)
     turns = []
@@ -266,10 +299,13 @@ def main(argv: list[str] | None = None) -> int:
     seconds = {**alone, **{(n, r["T"]): t for r in turns for n, t in r.get("seconds", {}).items()}}
     alone_cpu = {key: r["cpu_seconds"] for key, r in by.items() if "cpu_seconds" in r}
     cpu = {**alone_cpu, **{(n, r["T"]): t for r in turns for n, t in r.get("cpu_seconds", {}).items()}}
+    alone_min = {key: r["cpu_seconds_min"] for key, r in by.items() if "cpu_seconds_min" in r}
+    cpu_min = {**alone_min, **{(n, r["T"]): t for r in turns for n, t in r.get("cpu_seconds_min", {}).items()}}
     ratios = []
     for T in sizes:
-        for peer in ("sdpa", "naive", "longformer", "bigbird", "bigbird_r2"):
-            wall, proc = (alone, alone_cpu) if peer in PEERS else (seconds, cpu)  # like against like
+        for peer in [n for n in kernels if n != "sliding_window"]:
+            like = peer in PEERS  # like against like
+            wall, proc, fastest = (alone, alone_cpu, alone_min) if like else (seconds, cpu, cpu_min)
             ref, other = wall.get(("sliding_window", T)), wall.get((peer, T))
             if ref and other:
                 row = {"T": T, "kernel": peer, "time_vs_sliding_window": round(other / ref, 2),
@@ -279,6 +315,9 @@ def main(argv: list[str] | None = None) -> int:
                     row["memory_vs_sliding_window"] = round(mem["peak_extra_mib"] / ref_mem["peak_extra_mib"], 2)
                 if proc.get(("sliding_window", T)) and proc.get((peer, T)):
                     row["cpu_time_vs_sliding_window"] = round(proc[(peer, T)] / proc[("sliding_window", T)], 2)
+                if fastest.get(("sliding_window", T)) and fastest.get((peer, T)):
+                    row["min_cpu_time_vs_sliding_window"] = round(fastest[(peer, T)] / fastest[("sliding_window", T)],
+                                                                  2)
                 ratios.append(row)
 
     scaling = []
@@ -291,10 +330,12 @@ def main(argv: list[str] | None = None) -> int:
             scaling.append(row)
     report = {
         "setting": {"batch": 1, "heads": H, "head_dim": DH, "dtype": "float32", "window": WINDOW, "pass": "forward+backward",
+                    "baseline": args.baseline and _revision(args.baseline),
+                    "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),  # PASSIVE: no spinning on a busy machine
                     "threads": args.threads or _threads(), "machine": os.uname().nodename, "cpus": os.cpu_count(),
                     "memory_method": "peak RSS growth: /proc/self/clear_refs then VmHWM - VmRSS, one process per point",
                     "loadavg_at_start": load_start, "loadavg_at_end": loadavg()},
-        "keys_per_query": {n: KEYS[n] for n in kernels},
+        "keys_per_query": {n: KEYS[n.split("@")[0]] for n in kernels},
         "results": results, "turns": turns, "ratios": ratios, "scaling": scaling,
     }
     text = json.dumps(report, indent=2)
@@ -304,6 +345,12 @@ def main(argv: list[str] | None = None) -> int:
 
         atomic_write_text(args.out, text + "\n")
     return 0
+
+
+def _revision(ref: str) -> str:
+    """The commit a git revision names (a branch or HEAD moves; the JSON keeps what was measured)."""
+    done = subprocess.run(["git", "rev-parse", "--short", ref], capture_output=True, text=True, cwd=ROOT, check=False)
+    return done.stdout.strip() or ref
 
 
 def _threads() -> int:

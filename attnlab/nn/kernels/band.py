@@ -7,23 +7,30 @@ tiles per chunk.
 The window of query tile i is key rows [(i - s) b, (i - s + n) b): for the tiles of a chunk
 these windows overlap inside one contiguous slice of k, so `unfold` views them all at once
 (c, Dh, K) without copying; only a chunk that reaches past either end of the sequence gets a
-small zero-padded temporary. Per chunk and head:
+small zero-padded temporary. Per chunk and head, in base 2 (q scaled by scale * log2 e):
 
-    scores (c, b, K + g + R b) = [scale q k_window^T + band | scale q k_global^T | scale q k_random^T]
-    out    (c, b, Dh)          = softmax(scores) [v_window; v_global; v_random]
+    scores  [(c, b, K) | (c, b, g) | (c, b, R b)] = [q k_window^T + band | q k_global^T | q k_random^T]
+    out     (c, b, Dh) = softmax(scores) [v_window; v_global; v_random]
 
-The band (b, K) is the same for every tile: |i - j| <= w (sliding window, Beltagy et al. 2020,
-https://arxiv.org/abs/2004.05150), or every key of the window's tiles (BigBird's window blocks,
-Zaheer et al. 2020, https://arxiv.org/abs/2007.14062), and j <= i when causal. Global keys
-(Longformer / BigBird) and per-tile random key blocks (BigBird) are gathered, small. Global
-queries, which see every key, take a dense row pass (g rows x T keys, one head at a time).
+The three parts are never concatenated: each is exponentiated against the row's maximum and
+summed on its own. The band (b, K) is the same for every tile: |i - j| <= w (sliding window,
+Beltagy et al. 2020, https://arxiv.org/abs/2004.05150), or every key of the window's tiles
+(BigBird's window blocks, Zaheer et al. 2020, https://arxiv.org/abs/2007.14062), and j <= i when
+causal. Only its ragged edge columns hold masked entries (for a window that is a multiple of the
+tile: two triangles, in the first and last tile of the window), so the mask is added to those
+columns only. Global keys (Longformer / BigBird) and per-tile random key blocks (BigBird) are
+gathered, small. Global queries, which see every key, take a dense row pass (g rows x T keys,
+one head at a time).
 
-The backward pass recomputes each chunk's scores, writes dq straight into its rows and adds the
-window gradients of k and v straight into their rows of dk, dv (one bmm per chunk, then n
-shifted adds); random and global keys go back by index_add. Extra memory beyond q/k/v's
-gradients and the output: one chunk's scores and a few O(T) vectors. Masked scores use a large
-finite negative rather than -inf, so a query with no allowed key gives finite weights that are
-then zeroed (never NaN).
+The forward pass keeps each query's log-sum-exp (B, H, T; fp32 under bf16 / fp16 inputs): the
+backward pass recomputes a chunk's scores and takes the weights as exp2(s - lse), without a
+second softmax. It writes dq straight into its rows. The window gradients of k and v are taken
+by key tile, from the transposed band (`_Pitched`): key tile j's gradient is one product over
+the n query tiles that see it, added once into its rows of dk, dv (no n shifted adds of
+per-query-tile windows); random and global keys go back by index_add. Extra memory beyond q/k/v's gradients and the output: the
+log-sum-exp, one chunk's buffers (allocated once per call) and a few O(T) vectors. Masked scores
+use a large finite negative rather than -inf, so a query with no allowed key gives finite
+weights that are then zeroed (never NaN).
 
 Only a key mask (B, T) or none, and no bias: other masks and biases take the general block
 kernel (`attnlab.nn.kernels.block_sparse`).
@@ -36,7 +43,12 @@ import math
 import torch
 from torch import Tensor
 
-CHUNK_ELEMENTS = 1 << 19  # scores per chunk and head (c * b * K): 2 MiB in fp32, cache-sized
+# scores per chunk and head (c * b * (K + g + R b)), 2 MiB in fp32: at 32k tokens (w = 256, 1 thread)
+# 2^17 to 2^20 all ran within the shared machine's noise; at 2^16 the per-call overhead shows
+CHUNK_ELEMENTS = 1 << 19
+# scores are kept in base 2 (q scaled by scale * log2 e): torch's exp2 is as fast on the masked
+# scores (a large negative) as on any other, its exp 15x slower there
+LOG2E = math.log2(math.e)
 
 
 def _rows(x: Tensor, start: int, stop: int) -> Tensor:
@@ -69,16 +81,34 @@ class _Layout:
             band = band & (d <= window) & (d >= -window)
         self.band_ok = band
         self.band_bias = torch.zeros(b, self.K, dtype=dtype, device=dev).masked_fill_(~band, self.neg)
+        self.edges = _masked_columns(band)
         ok = torch.zeros(key_valid.shape[0], (self.nq + self.n - 1) * b, dtype=torch.bool, device=dev)
         ok[:, self.left:self.left + T] = key_valid
         self.key_ok = ok  # (B, L): key position p at index p + left
         self.key_valid = key_valid
-        self.step = max(1, CHUNK_ELEMENTS // (b * (self.K + extra)))  # extra: global and random keys
+        self.all_valid = key_valid.all(-1).tolist()  # per batch row: no padded key
+        self.step = max(1, min(self.nq, CHUNK_ELEMENTS // (b * (self.K + extra))))  # extra: global, random keys
 
     def chunks(self):
         """(chunk index, first tile, end tile)."""
         for ci, s in enumerate(range(0, self.nq, self.step)):
             yield ci, s, min(self.nq, s + self.step)
+
+    def windows(self, x: Tensor, s: int, e: int) -> Tensor:
+        """The windows (c, Dh, K) of query tiles s..e-1 over x (T, Dh): a view when inside [0, T)."""
+        return _rows(x, (s - self.side) * self.b, (e - self.side + self.n - 1) * self.b).unfold(0, self.K, self.b)
+
+    def query_windows(self, x: Tensor, s: int, t0: int, t1: int) -> Tensor:
+        """For key tiles j = s - side + t (t = t0 .. t1 - 1), the rows of x (T, Dh) of the n query
+        tiles that see j, (t1 - t0, n b, Dh): a view when inside [0, T)."""
+        b, n = self.b, self.n
+        return _rows(x, (s - n + 1 + t0) * b, (s + t1) * b).unfold(0, n * b, b).transpose(1, 2)
+
+    def mask_band(self, scores: Tensor) -> Tensor:
+        """Add the band mask to the window scores (c, b, K), in place, on its masked columns only."""
+        for lo, hi in self.edges:
+            scores[..., lo:hi].add_(self.band_bias[:, lo:hi])
+        return scores
 
     def in_window(self, d: Tensor, qtile: Tensor, ktile: Tensor) -> Tensor:
         """Whether a key (query minus key position d, tiles qtile, ktile) lies in the query's window."""
@@ -88,6 +118,17 @@ class _Layout:
         return (rel <= self.side) & (rel >= (0 if self.causal else -self.side)) & ((d >= 0) | (not self.causal))
 
 
+def _masked_columns(band: Tensor) -> list[tuple[int, int]]:
+    """Column ranges of the band (b, K) that hold a masked entry: the ragged edges before and
+    after the columns every query of a tile sees, e.g. [(0, b), (K - b, K)] for a causal window
+    that is a multiple of b; everything when the fully seen columns are not one run."""
+    full = band.all(0).nonzero().flatten().tolist()
+    K = band.shape[1]
+    if not full or full[-1] - full[0] + 1 != len(full):
+        return [(0, K)]
+    return [(lo, hi) for lo, hi in ((0, full[0]), (full[-1] + 1, K)) if hi > lo]
+
+
 class _Chunk:
     """One chunk's masks and gathered keys for batch row bi (shared by all heads)."""
 
@@ -95,22 +136,22 @@ class _Chunk:
                  rtab: Tensor | None):
         b, c, neg, dev = lay.b, e - s, lay.neg, lay.key_ok.device
         self.s, self.e, self.c = s, e, c
-        qi = torch.arange(s * b, e * b, device=dev).view(c, b, 1)
         valid = lay.key_ok[bi, s * b:(e + lay.n - 1) * b].unfold(0, lay.K, b)  # (c, K)
-        allowed = lay.band_ok[None] & valid[:, None, :]  # (c, b, K)
         self.key_bias = None
-        if not bool(valid.all()):
+        if not bool(valid.all()):  # keys before 0 or after T - 1, or padding
             self.key_bias = torch.zeros(c, 1, lay.K, dtype=lay.band_bias.dtype, device=dev)
             self.key_bias.masked_fill_(~valid[:, None, :], neg)
-        rows = allowed.any(-1)
+        # without padding every query sees at least its own key: only then can a row be empty
+        rows = None if lay.all_valid[bi] else (lay.band_ok[None] & valid[:, None, :]).any(-1)  # (c, b)
         self.g_bias = self.r_bias = self.rpos = None
         if gpos is not None:
+            qi = torch.arange(s * b, e * b, device=dev).view(c, b, 1)
             d = qi - gpos[bi][None, None, :]  # (c, b, g)
             ok = gvalid[bi][None, None, :] & ~lay.in_window(d, qi // b, gpos[bi][None, None, :] // b)
             if lay.causal:
                 ok = ok & (d >= 0)
             self.g_bias = torch.zeros(ok.shape, dtype=lay.band_bias.dtype, device=dev).masked_fill_(~ok, neg)
-            rows = rows | ok.any(-1)
+            rows = None if rows is None else rows | ok.any(-1)
         if rtab is not None:
             blocks = rtab[s:e]  # (c, R), sentinel nq
             pos = (blocks[..., None] * b + torch.arange(b, device=dev)).flatten(1)  # (c, R b)
@@ -118,46 +159,123 @@ class _Chunk:
             ok = (pos < lay.T) & lay.key_valid[bi][self.rpos]
             self.r_bias = torch.zeros(c, 1, pos.shape[1], dtype=lay.band_bias.dtype, device=dev)
             self.r_bias.masked_fill_(~ok[:, None, :], neg)
-            rows = rows | ok.any(-1)[:, None]
-        self.rows = None if bool(rows.all()) else rows[..., None].to(lay.band_bias.dtype)  # (c, b, 1)
+            rows = None if rows is None else rows | ok.any(-1)[:, None]
+        self.rows = None if rows is None or bool(rows.all()) else rows[..., None].to(lay.band_bias.dtype)  # (c, b, 1)
 
-    def probs(self, lay: _Layout, qh: Tensor, kwin: Tensor, kg: Tensor | None, kr: Tensor | None,
-              scale: float) -> Tensor:
-        """softmax of the scores (c, b, K + g + R b)."""
+    def scores(self, lay: _Layout, qh: Tensor, kwin: Tensor, kg: Tensor | None, kr: Tensor | None, alpha: float,
+               out: Tensor, shift: Tensor | None = None) -> list[Tensor]:
+        """The masked scores alpha q . k [window (c, b, K), global (c, b, g), random (c, b, R b)] of
+        the queries qh (c, b, Dh), plus shift (c, b, 1) when given; the window part is written into out."""
         c, b = self.c, lay.b
-        parts = [torch.baddbmm(lay.band_bias.expand(c, b, lay.K), qh, kwin, alpha=scale)]
+        if shift is None:
+            window = out.baddbmm_(qh, kwin, beta=0, alpha=alpha)
+        else:  # the shift is copied into out, then the product added to it: no pass of its own
+            window = torch.baddbmm(shift.expand_as(out), qh, kwin, alpha=alpha, out=out)
+        parts = [lay.mask_band(window)]
         if self.key_bias is not None:
-            parts[0].add_(self.key_bias)
+            window.add_(self.key_bias)
         if kg is not None:
             g = kg.shape[0]  # one (c b, Dh) x (Dh, g) product, not c tiny ones
-            sg = torch.addmm(self.g_bias.view(c * b, g), qh.reshape(c * b, -1), kg.t(), alpha=scale)
+            sg = torch.addmm(self.g_bias.view(c * b, g), qh.reshape(c * b, -1), kg.t(), alpha=alpha)
             parts.append(sg.view(c, b, g))
         if kr is not None:
-            parts.append(torch.baddbmm(self.r_bias.expand(c, b, kr.shape[1]), qh, kr.transpose(1, 2), alpha=scale))
-        sc = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
-        return torch.softmax(sc, -1)
+            parts.append(torch.baddbmm(self.r_bias.expand(c, b, kr.shape[1]), qh, kr.transpose(1, 2), alpha=alpha))
+        if shift is not None:
+            for x in parts[1:]:
+                x.add_(shift)
+        return parts
 
 
-def _keep(shape, p: float, seed: int, device) -> Tensor:
-    gen = torch.Generator(device=device).manual_seed(seed)
-    return (torch.rand(shape, generator=gen, device=device) >= p).to(torch.float32) / (1 - p)
+def _keep(shape, p: float, seed: int, like: Tensor) -> Tensor:
+    """Dropout's keep-scales (0 or 1 / (1 - p)), drawn from `seed`, in like's dtype and device."""
+    gen = torch.Generator(device=like.device).manual_seed(seed)
+    return (torch.rand(shape, generator=gen, device=like.device) >= p).to(like.dtype) / (1 - p)
 
 
-def _fold(target: Tensor, windows: Tensor, lay: _Layout, s: int, alpha: float) -> None:
-    """Add window gradients (c, K, Dh) into target (T, Dh): tile o of the window of query tile
-    i is key tile i - side + o; rows outside [0, T) are dropped."""
-    c, _, Dh = windows.shape
-    b, T = lay.b, lay.T
-    full = T // b
-    w = windows.view(c, lay.n, b, Dh)
-    tiles = target[:full * b].view(full, b, Dh)
-    for o in range(lay.n):
-        j0 = s - lay.side + o  # key tile of the chunk's first query tile
-        lo, hi = max(j0, 0), min(j0 + c, full)
-        if hi > lo:
-            tiles[lo:hi].add_(w[lo - j0:hi - j0, o], alpha=alpha)
-        if full * b < T and j0 <= full < j0 + c:  # the last, partial tile
-            target[full * b:].add_(w[full - j0, o, :T - full * b], alpha=alpha)
+def _chunk_keep(parts: list[Tensor], p: float, seed: int) -> list[Tensor] | None:
+    """The dropout keep-scales of one chunk, split like its score parts (one draw, replayed)."""
+    if not p:
+        return None
+    keep = _keep(parts[0].shape[:2] + (sum(x.shape[-1] for x in parts),), p, seed, parts[0])
+    return list(keep.split([x.shape[-1] for x in parts], dim=-1))
+
+
+class _Pitched:
+    """The window weights P (or their gradients dS) of a chunk, read by query tile and by key tile.
+
+    A flat buffer of tiles b (K + 1) apart (b spare values after each tile, never read): the
+    chunk's c query tiles after the n - 1 tiles before them (kept by `carry` from the chunk before,
+    zeros before the first chunk), then room for n - 1 more (zeros after the last chunk):
+
+        [ n - 1 carried | c of this chunk | n - 1 zeros (last chunk) ]     tile p at p b (K + 1)
+
+    By query tile (`by_query`), tile p is (b, K): row r, column o b + kk = query r of tile p and
+    key kk of its window tile o. By key tile (`by_key`), the n query tiles p = t .. t + n - 1 that
+    see key tile t hold it as their window tile o = n - 1 - (p - t), at offset
+    t b (K + 1) + (n - 1) b + ((p - t) b + r) K + kk: with that pitch, entry (kk, (p - t) b + r) is
+    one strided (b, n b) matrix. So the window gradient of k (or v) is one product per key tile,
+    (b, n b) x (n b, Dh), added once, instead of n shifted adds of per-query-tile windows."""
+
+    def __init__(self, lay: _Layout, like: Tensor):
+        self.lay, self.pitch, self.pad = lay, lay.b * (lay.K + 1), lay.n - 1
+        self.buf = like.new_empty((lay.step + 2 * self.pad) * self.pitch)
+
+    def by_query(self, c: int) -> Tensor:
+        """(c, b, K): the chunk's tiles."""
+        lay = self.lay
+        return self.buf.as_strided((c, lay.b, lay.K), (self.pitch, lay.K, 1), self.pad * self.pitch)
+
+    def by_key(self, t0: int, t1: int) -> Tensor:
+        """(t1 - t0, b, n b): key tiles t0 .. t1 - 1 (key tile j = s - side + t) against their queries."""
+        lay = self.lay
+        return self.buf.as_strided((t1 - t0, lay.b, lay.K), (self.pitch, 1, lay.K), t0 * self.pitch + self.pad * lay.b)
+
+    def key_tiles(self, s: int, c: int, last: bool) -> tuple[int, int]:
+        """The key tiles t0 .. t1 - 1 (j = s - side + t) completed by the chunk of tiles s .. s + c - 1:
+        all its key tiles when it is the last."""
+        side = self.lay.side
+        return max(0, side - s), min(c + (self.pad if last else 0), self.lay.nq + side - s)
+
+    def clear_before(self) -> None:
+        self.buf[:self.pad * self.pitch].zero_()
+
+    def clear_after(self, c: int) -> None:
+        self.buf[(self.pad + c) * self.pitch:(2 * self.pad + c) * self.pitch].zero_()
+
+    def carry(self, c: int) -> None:
+        """The chunk's last n - 1 tiles become the tiles before the next chunk."""
+        if self.pad:
+            tail = self.buf[c * self.pitch:(c + self.pad) * self.pitch]
+            self.buf[:self.pad * self.pitch] = tail if c >= self.pad else tail.clone()
+
+
+def _accumulate(target: Tensor, start: int, a: Tensor, x: Tensor, alpha: float, spare: Tensor, fresh: bool) -> None:
+    """Rows start .. start + m b - 1 of target (T, Dh) += alpha a @ x (a: (m, b, K), x: (m, K, Dh)),
+    rows past T dropped; = instead of += when `fresh`."""
+    m, b, Dh = a.shape[0], a.shape[1], target.shape[1]
+    if start + m * b <= target.shape[0]:
+        target[start:start + m * b].view(m, b, Dh).baddbmm_(a, x, beta=0 if fresh else 1, alpha=alpha)
+        return
+    rows = torch.bmm(a, x, out=spare[:m]).view(-1, Dh)[:target.shape[0] - start]
+    if fresh:
+        torch.mul(rows, alpha, out=target[start:])
+    else:
+        target[start:].add_(rows, alpha=alpha)
+
+
+def _tile_rows(x: Tensor, s: int, e: int, b: int, spare: Tensor) -> Tensor:
+    """Rows of tiles s..e-1 of x (T, Dh) as (c, b, Dh): a view of x when they lie inside it,
+    else `spare` (to be copied back with `_put_rows`)."""
+    if e * b <= x.shape[0]:
+        return x[s * b:e * b].view(e - s, b, x.shape[1])
+    return spare
+
+
+def _put_rows(x: Tensor, s: int, b: int, rows: Tensor) -> None:
+    """Copy tile rows (c, b, Dh) back into x (T, Dh) from row s b, unless they are a view of it."""
+    if rows.data_ptr() != x[s * b:].data_ptr():
+        stop = x.shape[0] - s * b
+        x[s * b:] = rows.view(-1, x.shape[1])[:stop]
 
 
 def _dense_rows(qg, k, v, allowed, scale, keep):
@@ -176,55 +294,77 @@ class BandAttention(torch.autograd.Function):
                 seed):
         B, H, T, Dh = q.shape
         lay = _Layout(T, tile, side, window, causal, key_valid, q.dtype, _extra(gpos, rtab, tile))
-        b, K = lay.b, lay.K
+        b, alpha = lay.b, scale * LOG2E
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        # base-2 log-sum-exp of each query's scores, for the backward: in fp32 under bf16 / fp16 inputs
+        work = torch.promote_types(q.dtype, torch.float32)
+        lse = q.new_empty(B, H, lay.nq * b, 1, dtype=work)
+        top, total = q.new_empty(lay.nq * b, 1), q.new_empty(lay.nq * b, 1, dtype=work)  # one head's max, sum
+        obuf, sbuf = q.new_empty(lay.step, b, Dh), q.new_empty(lay.step, b, lay.K)
         with torch.no_grad():
             for bi in range(B):
                 chunks = [(ci, _Chunk(lay, bi, s, e, gpos, gvalid, rtab)) for ci, s, e in lay.chunks()]
                 for h in range(H):
-                    qx, kx, vx = q[bi, h], k[bi, h], v[bi, h]
+                    qx, kx, vx, ox = q[bi, h], k[bi, h], v[bi, h], out[bi, h]
                     kg, vg = (None, None) if gpos is None else (kx[gpos[bi]], vx[gpos[bi]])
                     for ci, ch in chunks:
                         s, e, c = ch.s, ch.e, ch.c
-                        qh = _rows(qx, s * b, e * b).view(c, b, Dh)
-                        kwin = _rows(kx, (s - lay.side) * b, (e - lay.side + lay.n - 1) * b).unfold(0, K, b)
-                        vwin = _rows(vx, (s - lay.side) * b, (e - lay.side + lay.n - 1) * b).unfold(0, K, b)
                         kr = vr = None
                         if ch.rpos is not None:
                             kr, vr = kx[ch.rpos], vx[ch.rpos]  # (c, R b, Dh)
-                        p = ch.probs(lay, qh, kwin, kg, kr, scale)
-                        if dropout_p:
-                            p = p * _keep(p.shape, dropout_p, seed + (bi * H + h) * 100_003 + ci, p.device)
-                        o = torch.bmm(p[..., :K], vwin.transpose(1, 2))  # (c, b, Dh)
-                        at = K
+                        qh = _rows(qx, s * b, e * b).view(c, b, Dh)
+                        parts = ch.scores(lay, qh, lay.windows(kx, s, e), kg, kr, alpha, sbuf[:c])
+                        m, z = top[s * b:e * b].view(c, b, 1), total[s * b:e * b].view(c, b, 1)
+                        torch.amax(parts[0], -1, keepdim=True, out=m)
+                        for x in parts[1:]:
+                            torch.maximum(m, x.amax(-1, keepdim=True), out=m)
+                        for i, x in enumerate(parts):
+                            x.sub_(m).exp2_()
+                            if i:
+                                z.add_(x.sum(-1, keepdim=True, dtype=work))
+                            else:
+                                torch.sum(x, -1, keepdim=True, dtype=work, out=z)
+                        keep = _chunk_keep(parts, dropout_p, seed + (bi * H + h) * 100_003 + ci)
+                        if keep is not None:
+                            parts = [x * kp for x, kp in zip(parts, keep)]
+                        o = _tile_rows(ox, s, e, b, obuf[:c])
+                        torch.bmm(parts[0], lay.windows(vx, s, e).transpose(1, 2), out=o)  # (c, b, Dh)
                         if kg is not None:
-                            o.view(-1, Dh).addmm_(p[..., at:at + kg.shape[0]].reshape(-1, kg.shape[0]), vg)
-                            at += kg.shape[0]
+                            o.view(-1, Dh).addmm_(parts[1].reshape(-1, kg.shape[0]), vg)
                         if kr is not None:
-                            o.baddbmm_(p[..., at:], vr)
+                            o.baddbmm_(parts[-1], vr)
+                        o.div_(z)
                         if ch.rows is not None:
-                            o.mul_(ch.rows)
-                        stop = min(T, e * b) - s * b
-                        out[bi, h, s * b:s * b + stop] = o.view(-1, Dh)[:stop]
+                            o.mul_(ch.rows)  # a query with no key gets zeros
+                        _put_rows(ox, s, b, o)
+                    torch.add(top, total.log2_(), out=lse[bi, h])  # max + log2(sum), the head at once
                     if qrows is not None:
                         rows, allowed = _global_queries(qrows, bi, lay)
                         if rows.numel():
-                            keep = _row_keep(rows, T, dropout_p, seed, bi * H + h, q.device)
+                            keep = _row_keep(rows, T, dropout_p, seed, bi * H + h, q)
                             out[bi, h, rows] = _dense_rows(qx[rows], kx, vx, allowed, scale, keep)[1] @ vx
-        ctx.save_for_backward(q, k, v, key_valid, gpos, gvalid, qrows, rtab, out)
+        ctx.save_for_backward(q, k, v, key_valid, gpos, gvalid, qrows, rtab, out, lse)
         ctx.args = (window, side, causal, tile, scale, dropout_p, seed)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, key_valid, gpos, gvalid, qrows, rtab, out = ctx.saved_tensors
+        q, k, v, key_valid, gpos, gvalid, qrows, rtab, out, lse = ctx.saved_tensors
         window, side, causal, tile, scale, dropout_p, seed = ctx.args
         B, H, T, Dh = q.shape
         lay = _Layout(T, tile, side, window, causal, key_valid, q.dtype, _extra(gpos, rtab, tile))
-        b, K = lay.b, lay.K
+        b, K, n, alpha = lay.b, lay.K, lay.n, scale * LOG2E
+        fused = lse.dtype == q.dtype  # fp32 / fp64: - lse goes into the score product; bf16 / fp16: after it, in fp32
+        # each row of dk, dv gets its window product once: unless global or random keys add to them
+        # too, that product is written, not added (no zero fill first)
+        fresh = gpos is None and rtab is None and qrows is None
         dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        dk, dv = torch.zeros(k.shape, dtype=k.dtype, device=k.device), torch.zeros(v.shape, dtype=v.dtype,
-                                                                                    device=v.device)
+        new = torch.empty if fresh else torch.zeros
+        dk, dv = new(k.shape, dtype=k.dtype, device=k.device), new(v.shape, dtype=v.dtype, device=v.device)
+        sbuf, dpbuf = q.new_empty(lay.step, b, K), q.new_empty(lay.step, b, K)
+        pbuf, dsbuf = _Pitched(lay, q), _Pitched(lay, q)  # the window's P and dS, read both ways
+        dqbuf, kbuf = q.new_empty(lay.step, b, Dh), q.new_empty(lay.step + n - 1, b, Dh)
+        neg_delta = q.new_zeros(lay.nq * b, 1)  # one head's -rowsum(dO * O), zero past T
         for bi in range(B):
             chunks = [(ci, _Chunk(lay, bi, s, e, gpos, gvalid, rtab)) for ci, s, e in lay.chunks()]
             is_row = None
@@ -233,69 +373,110 @@ class BandAttention(torch.autograd.Function):
                 is_row = torch.ones(lay.nq * b, 1, dtype=q.dtype, device=q.device)
                 is_row[rows] = 0
             for h in range(H):
-                qx, kx, vx, gx = q[bi, h], k[bi, h], v[bi, h], grad_out[bi, h]
+                qx, kx, vx, gx, ox = q[bi, h], k[bi, h], v[bi, h], grad_out[bi, h], out[bi, h]
                 kg, vg = (None, None) if gpos is None else (kx[gpos[bi]], vx[gpos[bi]])
                 dkg = dvg = None
                 if kg is not None:
                     dkg, dvg = torch.zeros_like(kg), torch.zeros_like(vg)
+                _row_dots(gx, ox, neg_delta[:T]).neg_()
+                if is_row is not None:
+                    neg_delta.mul_(is_row)
+                neg_lse = lse[bi, h].neg()
                 for ci, ch in chunks:
                     s, e, c = ch.s, ch.e, ch.c
+                    if s == 0:  # no query tile before the first
+                        pbuf.clear_before()
+                        dsbuf.clear_before()
                     qh = _rows(qx, s * b, e * b).view(c, b, Dh)
                     doh = _rows(gx, s * b, e * b).reshape(c, b, Dh)
-                    if ch.rows is not None:
-                        doh = doh * ch.rows  # a query with no key had its output zeroed
+                    mask = ch.rows  # a query with no key had its output zeroed, a global query's replaced
                     if is_row is not None:
-                        doh = doh * is_row[s * b:e * b].view(c, b, 1)
-                    delta = (doh * _rows(out[bi, h], s * b, e * b).view(c, b, Dh)).sum(-1, keepdim=True)
-                    kwin = _rows(kx, (s - lay.side) * b, (e - lay.side + lay.n - 1) * b).unfold(0, K, b)
-                    vwin = _rows(vx, (s - lay.side) * b, (e - lay.side + lay.n - 1) * b).unfold(0, K, b)
+                        here = is_row[s * b:e * b].view(c, b, 1)
+                        mask = here if mask is None else mask * here
+                    if mask is not None:
+                        doh = doh * mask
+                    nd = neg_delta[s * b:e * b].view(c, b, 1)
+                    kwin, vwin = lay.windows(kx, s, e), lay.windows(vx, s, e)
                     kr = vr = None
                     if ch.rpos is not None:
                         kr, vr = kx[ch.rpos], vx[ch.rpos]
-                    p = ch.probs(lay, qh, kwin, kg, kr, scale)
-                    pd = p
-                    if dropout_p:
-                        keep = _keep(p.shape, dropout_p, seed + (bi * H + h) * 100_003 + ci, p.device)
-                        pd = p * keep
-                    pdt = pd.transpose(1, 2)  # (c, K + g + R b, b)
-                    _fold(dv[bi, h], torch.bmm(pdt[:, :K], doh), lay, s, 1.0)
-                    parts = [torch.bmm(doh, vwin)]  # dP (c, b, K)
-                    at = K
+                    shift = neg_lse[s * b:e * b].view(c, b, 1)
+                    parts = ch.scores(lay, qh, kwin, kg, kr, alpha, sbuf[:c], shift=shift if fused else None)
+                    shift = None if fused else shift
+                    keep = _chunk_keep(parts, dropout_p, seed + (bi * H + h) * 100_003 + ci)
+                    pw, dsw = pbuf.by_query(c), dsbuf.by_query(c)
+                    if keep is None:
+                        _weights(parts[0], shift, pw)  # the window's weights P
+                    else:
+                        torch.mul(_weights(parts[0], shift, parts[0]), keep[0], out=pw)  # P in parts[0], dropped in pw
+                    if mask is not None:
+                        pw.mul_(mask)  # read by key tile, P meets the unmasked dO
+                    for x in parts[1:]:
+                        _weights(x, shift, x)
+                    pd = parts if keep is None else [x * kp for x, kp in zip(parts, keep)]
+                    last = e == lay.nq
+                    t0, t1 = pbuf.key_tiles(s, c, last)
+                    if last:
+                        pbuf.clear_after(c)
+                        dsbuf.clear_after(c)
+                    if t1 > t0:  # the window gradient of v, by key tile
+                        _accumulate(dv[bi, h], (s - side + t0) * b, pbuf.by_key(t0, t1),
+                                    lay.query_windows(gx, s, t0, t1), 1.0, kbuf, fresh)
+                    if keep is None:
+                        dps = [torch.baddbmm(nd.expand(c, b, K), doh, vwin, out=dpbuf[:c])]  # dP - delta
+                    else:  # under dropout, - delta comes after the keep
+                        dps = [torch.bmm(doh, vwin, out=dpbuf[:c]).mul_(keep[0]).add_(nd)]
                     if kg is not None:
                         g = kg.shape[0]
-                        dvg.addmm_(pdt[:, at:at + g].transpose(0, 1).reshape(g, -1), doh.reshape(-1, Dh))
-                        parts.append(torch.mm(doh.reshape(-1, Dh), vg.t()).view(c, b, g))
-                        at += g
+                        dvg.addmm_(pd[1].reshape(-1, g).t(), doh.reshape(-1, Dh))
+                        dps.append(torch.mm(doh.reshape(-1, Dh), vg.t()).view(c, b, g))
                     if kr is not None:
-                        dv[bi, h].index_add_(0, ch.rpos.flatten(), torch.bmm(pdt[:, at:], doh).flatten(0, 1))
-                        parts.append(torch.bmm(doh, vr.transpose(1, 2)))
-                    dp = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
-                    if dropout_p:
-                        dp.mul_(keep)
-                    ds = p.mul_(dp.sub_(delta))  # dS, in p's storage
-                    dst = ds.transpose(1, 2)
-                    dqh = torch.bmm(ds[..., :K], kwin.transpose(1, 2))
-                    _fold(dk[bi, h], torch.bmm(dst[:, :K], qh), lay, s, scale)
-                    at = K
+                        dv[bi, h].index_add_(0, ch.rpos.flatten(), torch.bmm(pd[-1].transpose(1, 2), doh).flatten(0, 1))
+                        dps.append(torch.bmm(doh, vr.transpose(1, 2)))
+                    torch.mul(pw if keep is None else parts[0], dps[0], out=dsw)  # dS / scale
+                    for i in range(1, len(parts)):
+                        if keep is not None:
+                            dps[i].mul_(keep[i])
+                        parts[i].mul_(dps[i].add_(nd))  # dS / scale, in P's storage
+                    dqh = _tile_rows(dq[bi, h], s, e, b, dqbuf[:c])
+                    dqh.baddbmm_(dsw, kwin.transpose(1, 2), beta=0, alpha=scale)
+                    if t1 > t0:
+                        _accumulate(dk[bi, h], (s - side + t0) * b, dsbuf.by_key(t0, t1),
+                                    lay.query_windows(qx, s, t0, t1), scale, kbuf, fresh)
                     if kg is not None:
-                        g = kg.shape[0]
-                        dqh.view(-1, Dh).addmm_(ds[..., at:at + g].reshape(-1, g), kg)
-                        dkg.addmm_(dst[:, at:at + g].transpose(0, 1).reshape(g, -1), qh.reshape(-1, Dh))
-                        at += g
+                        dqh.view(-1, Dh).addmm_(parts[1].reshape(-1, g), kg, alpha=scale)
+                        dkg.addmm_(parts[1].reshape(-1, g).t(), qh.reshape(-1, Dh))
                     if kr is not None:
-                        dqh.baddbmm_(ds[..., at:], kr)
-                        dk[bi, h].index_add_(0, ch.rpos.flatten(), torch.bmm(dst[:, at:], qh).flatten(0, 1),
-                                             alpha=scale)
-                    stop = min(T, e * b) - s * b
-                    torch.mul(dqh.view(-1, Dh)[:stop], scale, out=dq[bi, h, s * b:s * b + stop])
+                        dqh.baddbmm_(parts[-1], kr, alpha=scale)
+                        dk[bi, h].index_add_(0, ch.rpos.flatten(),
+                                             torch.bmm(parts[-1].transpose(1, 2), qh).flatten(0, 1), alpha=scale)
+                    _put_rows(dq[bi, h], s, b, dqh)
+                    pbuf.carry(c)
+                    dsbuf.carry(c)
                 if kg is not None:
                     dk[bi, h].index_add_(0, gpos[bi], dkg, alpha=scale)
                     dv[bi, h].index_add_(0, gpos[bi], dvg)
                 if qrows is not None and rows.numel():
                     _dense_rows_backward(qx, kx, vx, gx[rows], out[bi, h, rows], rows, allowed, scale,
-                                         _row_keep(rows, T, dropout_p, seed, bi * H + h, q.device),
+                                         _row_keep(rows, T, dropout_p, seed, bi * H + h, q),
                                          dq[bi, h], dk[bi, h], dv[bi, h])
         return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, None
+
+
+def _weights(scores: Tensor, shift: Tensor | None, out: Tensor) -> Tensor:
+    """out = exp2(scores + shift), the weights, with the shift (- lse) added in its own precision
+    (fp32 for bf16 / fp16 scores); scores already shifted when shift is None."""
+    if shift is None:
+        return torch.exp2(scores, out=out)
+    return out.copy_(torch.add(scores, shift).exp2_())
+
+
+def _row_dots(x: Tensor, y: Tensor, out: Tensor, block: int = 4096) -> Tensor:
+    """out (T, 1) = the row-wise dot products of x and y (T, Dh), a block of rows at a time (no
+    (T, Dh) temporary)."""
+    for i in range(0, x.shape[0], block):
+        torch.sum(x[i:i + block] * y[i:i + block], -1, keepdim=True, out=out[i:i + block])
+    return out
 
 
 def _extra(gpos: Tensor | None, rtab: Tensor | None, tile: int) -> int:
@@ -312,8 +493,8 @@ def _global_queries(qrows: Tensor, bi: int, lay: _Layout) -> tuple[Tensor, Tenso
     return rows, allowed
 
 
-def _row_keep(rows: Tensor, T: int, p: float, seed: int, head: int, device) -> Tensor | None:
-    return _keep((rows.shape[0], T), p, seed - 1 - head, device) if p else None
+def _row_keep(rows: Tensor, T: int, p: float, seed: int, head: int, like: Tensor) -> Tensor | None:
+    return _keep((rows.shape[0], T), p, seed - 1 - head, like) if p else None
 
 
 def _dense_rows_backward(qx, kx, vx, dout, out, rows, allowed, scale, keep, dq, dk, dv) -> None:

@@ -151,3 +151,136 @@ def test_band_attention_rejects_bad_arguments():
     with pytest.raises(ValueError, match="random_blocks"):
         band_attention(q, k, v, window=None, window_blocks=1, causal=False, tile=8, scale=1.0,
                        random_blocks=torch.zeros(5, 1, dtype=torch.long))
+
+
+# ---- the recomputing backward: log-sum-exp, weights by key tile, gradients written once ----------------
+
+
+def dense64(q, k, v, mask):
+    """A float64 reference: softmax over the allowed keys (a row with none gets zeros, and no NaN
+    in its gradient), times v."""
+    scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+    weights = torch.softmax(scores.masked_fill(~mask, torch.finfo(scores.dtype).min), -1)
+    return torch.where(mask.any(-1, keepdim=True), weights, 0.0) @ v
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("T,window,tile", [(203, 21, 16), (203, 64, 16), (77, 5, 4), (1000, 256, 64)])
+@pytest.mark.parametrize("tiles_per_chunk", [1, 3, 1000])  # fewer tiles than the carried n - 1, more, all
+def test_sliding_window_equals_dense_in_float64(monkeypatch, causal, T, window, tile, tiles_per_chunk):
+    """Forward and q/k/v gradients against a float64 dense reference, tightly: odd T (a ragged last
+    tile), windows a multiple of the tile and not, padding on both sides, chunk boundaries."""
+    side = -(-window // tile)
+    K = (side + 1 if causal else 2 * side + 1) * tile
+    monkeypatch.setattr(band, "CHUNK_ELEMENTS", tiles_per_chunk * tile * K)
+    q, k, v = qkv(2, 2, T, D=16, seed=T + window, dtype=torch.float64)
+    keep = key_padding(2, T, T // 5)
+    out = sliding_window_attention(q, k, v, window=window, causal=causal, mask=keep[:, None, None, :], tile=tile)
+    ref = dense64(q, k, v, window_mask(T, window, causal=causal) & keep[:, None, None, :])
+    assert_same(out, ref, (q, k, v), atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sliding_window_gradcheck(tiny_chunks, causal):
+    """torch.autograd.gradcheck (every input direction) in float64: window 5 in tiles of 4 (3
+    tiles carried from chunk to chunk, one tile per chunk), T = 19, a padded key."""
+    q, k, v = qkv(1, 2, 19, D=3, seed=9, dtype=torch.float64)
+    keep = torch.ones(1, 1, 1, 19, dtype=torch.bool)
+    keep[..., 4] = False
+
+    def f(q, k, v):
+        return sliding_window_attention(q, k, v, window=5, causal=causal, mask=keep, tile=4)
+
+    assert torch.autograd.gradcheck(f, (q, k, v))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("tiles_per_chunk", [1, 2, 1000])
+def test_every_output_and_gradient_row_is_written(monkeypatch, causal, tiles_per_chunk):
+    """The kernel writes out, dq, dk and dv into memory it never zeroes: fill every tensor it
+    allocates uninitialised with NaN, and the results must still equal dense attention."""
+    monkeypatch.setattr(band, "CHUNK_ELEMENTS", tiles_per_chunk * 8 * 48)
+    empty, new_empty, empty_like = torch.empty, torch.Tensor.new_empty, torch.empty_like
+
+    def nan(x):
+        return x.fill_(float("nan")) if x.is_floating_point() else x
+
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: nan(empty(*a, **kw)))
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **kw: nan(new_empty(self, *a, **kw)))
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **kw: nan(empty_like(*a, **kw)))
+    q, k, v = qkv(2, 2, 61, seed=4)
+    out = sliding_window_attention(q, k, v, window=20, causal=causal, tile=8)
+    assert_same(out, dense(q, k, v, window_mask(61, 20, causal=causal)), (q, k, v))
+
+
+def test_large_scores_stay_exact():
+    """Scores of several hundred (a peaked softmax): the row maximum and the log-sum-exp keep the
+    weights exact, forward and backward, and nothing overflows."""
+    q, k, v = qkv(1, 2, 150, D=16, seed=5, dtype=torch.float64)
+    with torch.no_grad():
+        q.mul_(40)
+    for causal in (False, True):
+        out = sliding_window_attention(q, k, v, window=30, causal=causal, tile=16)
+        assert_same(out, dense64(q, k, v, window_mask(150, 30, causal=causal)), (q, k, v), atol=1e-9)
+    q32, k32, v32 = (x.detach().float().requires_grad_() for x in (q, k, v))
+    out = sliding_window_attention(q32, k32, v32, window=30, causal=True, tile=16)
+    out.backward(torch.ones_like(out))
+    assert all(torch.isfinite(x).all() for x in (out, q32.grad, k32.grad, v32.grad))
+
+
+@pytest.mark.parametrize("window,tile,causal", [(256, 64, True), (256, 64, False), (100, 64, True), (21, 16, False),
+                                                (0, 8, True), (3, 8, False)])
+def test_band_mask_is_added_where_the_band_masks(window, tile, causal):
+    """The band mask goes only onto its ragged edge columns: every column outside them is seen by
+    every query of the tile, and a window that is a multiple of the tile has less than a tile of edge per side."""
+    side = -(-window // tile)
+    lay = band._Layout(100, tile, side, window, causal, torch.ones(1, 100, dtype=torch.bool), torch.float32)
+    edged = torch.zeros(lay.K, dtype=torch.bool)
+    for lo, hi in lay.edges:
+        edged[lo:hi] = True
+    assert lay.band_ok[:, ~edged].all()
+    if window % tile == 0 and window:  # two triangles of b (b - 1) / 2 masked scores each
+        assert lay.edges == [(0, tile - 1), (lay.K - tile + 1, lay.K)]
+
+
+@pytest.mark.parametrize("kernel", ["sliding_window", "bigbird"])
+def test_bf16_inputs_keep_their_statistics_in_fp32(kernel):
+    """bf16 q, k, v (what projections under bf16 autocast give): the row maxima, sums and
+    log-sum-exp stay in fp32, so output and gradients stay within bf16's rounding of the fp32
+    dense reference."""
+    q, k, v = qkv(2, 2, 150, D=32, seed=8)
+    if kernel == "sliding_window":
+        def run(q, k, v):
+            return sliding_window_attention(q, k, v, window=40, causal=True, tile=16)
+        mask = window_mask(150, 40, causal=True)
+    else:
+        def run(q, k, v):
+            return bigbird_attention(q, k, v, block=16, window_blocks=1, global_blocks=1, random_blocks=2, seed=3)
+        mask = bigbird_mask(150, 16, 1, 1, 2, 3)
+    g = torch.randn(2, 2, 150, 32)
+    ref = dense(q, k, v, mask)
+    want = torch.autograd.grad(ref, (q, k, v), g)
+    low = [x.detach().bfloat16().requires_grad_() for x in (q, k, v)]
+    out = run(*low)
+    got = torch.autograd.grad(out, low, g.bfloat16())
+    assert out.dtype == torch.bfloat16
+    for a, b in zip((out, *got), (ref, *want)):
+        assert (a.float() - b).abs().max() <= 0.02 * b.abs().max()
+
+
+def test_dropout_under_bf16_follows_the_fp32_draws():
+    """The keep-scales take the inputs' dtype (bf16 dropout used to fail on a float32 mask): the
+    same seed drops the same weights as in fp32, global rows included."""
+    q, k, v = qkv(1, 2, 90, D=16, seed=11)
+
+    def run(q, k, v):
+        torch.manual_seed(0)  # the kernel draws its dropout seed from the global generator
+        return bigbird_attention(q, k, v, block=16, window_blocks=1, global_blocks=1, random_blocks=1, seed=2,
+                                 dropout_p=0.3)
+
+    want = run(q, k, v)
+    low = [x.detach().bfloat16().requires_grad_() for x in (q, k, v)]
+    got = run(*low)
+    assert (got.float() - want).abs().max() <= 0.02 * want.abs().max()
+    got.sum().backward()
+    assert all(torch.isfinite(x.grad.float()).all() for x in low)
