@@ -2,7 +2,7 @@
 the small file helpers. A study's run.py imports it with its own folder's parent on sys.path:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from common import cpu_clock_training, loadavg, read_json, run_workers, write_json
+    from common import cpu_clock_training, loadavg, read_json, run_workers, shared_tokenizer, write_json
 
 The clock is the training process's CPU time (evaluations excluded), one torch thread per
 process: on an idle core it equals wall-clock, and on a machine shared with other work it still
@@ -37,6 +37,21 @@ def write_json(path: Path, data: Any) -> None:
     from attnlab.io.files import atomic_write_text
 
     atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def shared_tokenizer(out: Path, corpus: str, objective: str) -> Path:
+    """`out/tokenizer.json`: one byte-level BPE of 8,000 trained on both sides of `corpus`'s training
+    pairs, with `objective`'s special tokens, shared by every model of a study (trained once)."""
+    from attnlab.data.sources import resolve_source
+    from attnlab.training import TrainConfig
+    from attnlab.training.pipeline import build_tokenizer
+
+    path = out / "tokenizer.json"
+    if not path.exists():
+        cfg = TrainConfig.from_dict({"data": {"source": corpus, "objective": objective,
+                                              "tokenizer": {"kind": "bpe", "vocab_size": 8000}}}).data
+        build_tokenizer(cfg, resolve_source(corpus, "train"), out)
+    return path
 
 
 def cpu_clock_training(config: dict[str, Any], run_dir: Path, marks: list[float], name: str) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import cpu_clock_training, loadavg, read_json, run_workers, translate, write_json  # noqa: E402
+from common import cpu_clock_training, loadavg, read_json, run_workers, shared_tokenizer, translate, write_json  # noqa: E402
 
 D = 256  # embedding width of every model
 
@@ -86,20 +86,6 @@ def run_config(name: str, run_dir: Path, tokenizer: Path, args: argparse.Namespa
                   "bleu_samples": 0, "log_every": 100, "checkpoint_every": 10 ** 7, "keep_last": 1,
                   "seed": 0, "threads": 1, "precision": "fp32"},
     }
-
-
-def shared_tokenizer(out: Path, corpus: str) -> Path:
-    """One BPE trained on the training pairs (both sides), shared by every model."""
-    from attnlab.data.sources import resolve_source
-    from attnlab.training import TrainConfig
-    from attnlab.training.pipeline import build_tokenizer
-
-    path = out / "tokenizer.json"
-    if not path.exists():
-        cfg = TrainConfig.from_dict({"data": {"source": corpus, "objective": "seq2seq",
-                                              "tokenizer": {"kind": "bpe", "vocab_size": 8000}}}).data
-        build_tokenizer(cfg, resolve_source(corpus, "train"), out)
-    return path
 
 
 # ---------------------------------------------------------------- training (one process per model)
@@ -265,7 +251,7 @@ def main() -> None:
     start = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    shared_tokenizer(out, args.corpus)
+    shared_tokenizer(out, args.corpus, "seq2seq")
     run_all(args)
     print(report(args, time.perf_counter() - start))
 

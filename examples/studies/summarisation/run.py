@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import cpu_clock_training, loadavg, read_json, run_workers, write_json  # noqa: E402
+from common import cpu_clock_training, loadavg, read_json, run_workers, shared_tokenizer, write_json  # noqa: E402
 
 D = 256  # width of every model
 CORPUS = "debian-summaries"
@@ -94,21 +94,6 @@ def run_config(name: str, run_dir: Path, tokenizer: Path) -> dict[str, Any]:
                   "bleu_samples": 0, "log_every": 100, "checkpoint_every": 10 ** 7, "keep_last": 1,
                   "seed": 0, "threads": 1, "precision": "fp32"},
     }
-
-
-def shared_tokenizer(out: Path) -> Path:
-    """One BPE trained on the training pairs (both sides), shared by every model; it holds
-    seq2seq's special tokens and pairs_lm's separator."""
-    from attnlab.data.sources import resolve_source
-    from attnlab.training import TrainConfig
-    from attnlab.training.pipeline import build_tokenizer
-
-    path = out / "tokenizer.json"
-    if not path.exists():
-        cfg = TrainConfig.from_dict({"data": {"source": CORPUS, "objective": "pairs_lm",
-                                              "tokenizer": {"kind": "bpe", "vocab_size": 8000}}}).data
-        build_tokenizer(cfg, resolve_source(CORPUS, "train"), out)
-    return path
 
 
 # ---------------------------------------------------------------- training (one process per model)
@@ -282,7 +267,7 @@ def main() -> None:
     start = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    shared_tokenizer(out)
+    shared_tokenizer(out, CORPUS, "pairs_lm")  # seq2seq's special tokens and pairs_lm's separator
     base = [sys.executable, __file__, "--out", args.out, "--rouge-docs", str(args.rouge_docs), "--val-pairs",
             str(args.val_pairs), "--num-beams", str(args.num_beams), "--marks", *map(str, args.marks)]
     run_workers({name: base + ["--worker", name] for name in args.models}, args.jobs,
