@@ -24,7 +24,8 @@ from attnlab.parallel.data import (all_reduce_gradients, all_reduce_metrics, is_
 from attnlab.training.distributed import CollectiveError, LossModule, ParallelContext, init_from_env, shutdown
 from attnlab.parallel.launch import WorkerError, free_port, spawn
 from attnlab.parallel.layout import check_layout
-from attnlab.parallel.pipeline import Pipeline, check_pipeline_supported, split_stages, stage_layers
+from attnlab.parallel.pipeline import Pipeline
+from attnlab.parallel.stages import check_pipeline_supported, split_stages, stage_layers
 from attnlab.parallel.plan import format_plan, plan_layout
 from attnlab.parallel.tensor import check_supported, tensor_parallel, vocab_parallel_cross_entropy
 

@@ -6,7 +6,7 @@ Trainer again with the world torchrun gives it.
     model     tp: heads, kv heads and d_ff divisible, a kernel that splits by heads, no mixture of
               experts, no RNN (attnlab.parallel.tensor.check_supported); pp: at least pp layers
               (an encoder-decoder's encoder and decoder layers together), a decoder, encoder or
-              encoder-decoder with a per-token head (attnlab.parallel.pipeline.check_pipeline_supported)
+              encoder-decoder with a per-token head (attnlab.parallel.stages.check_pipeline_supported)
     data      pp: every objective and packing (their masks and target ids go to every stage), with
               batch_size x grad_accum rows divisible by micro_batches (so no data.batch_tokens,
               whose batches vary in rows); tp and pp: no next-sentence or span-boundary head
@@ -49,7 +49,7 @@ def check_layout(config: TrainConfig, world_size: int) -> tuple[int, int, int]:
 
 
 def _check_model(config: TrainConfig) -> None:
-    from attnlab.parallel.pipeline import check_pipeline_supported
+    from attnlab.parallel.stages import check_pipeline_supported
     from attnlab.parallel.tensor import check_supported
 
     tp, pp = config.parallel.tp, config.parallel.pp

@@ -42,7 +42,8 @@ from attnlab.evaluation import perplexity
 from attnlab.parallel.checkpoint import gather_full_state, gather_optimizer_state
 from attnlab.parallel.comm import all_reduce_sum, gather_from_parallel
 from attnlab.parallel.layout import check_layout
-from attnlab.parallel.pipeline import STAGE_INPUTS, Pipeline, is_backend_error, join_batches
+from attnlab.parallel.pipeline import Pipeline, is_backend_error
+from attnlab.parallel.stages import STAGE_INPUTS, join_batches
 from attnlab.parallel.tensor import local_part, tensor_parallel, vocab_parallel_cross_entropy
 from attnlab.training.checkpoint import load_checkpoint
 from attnlab.training.config import TrainConfig
@@ -152,7 +153,7 @@ class MeshTraining:
 
     def pipeline_step(self, batches: list[dict[str, Tensor]]) -> float:
         """Forward and backward of one step's k batches through the pipeline (pp > 1), joined
-        into one (padded to the widest: `attnlab.parallel.pipeline.join_batches`); the step's
+        into one (padded to the widest: `attnlab.parallel.stages.join_batches`); the step's
         loss (mean over its targets on all dp ranks), on every rank.
 
         Raises:

@@ -57,7 +57,7 @@ from torch import nn
 from attnlab.config import ModelConfig
 from attnlab.models.embeddings import Embeddings
 from attnlab.parallel.cost import communication_cost, ring_factor, sharded_numel
-from attnlab.parallel.pipeline import check_pipeline_supported, shared_parameters, split_stages, stage_layers
+from attnlab.parallel.stages import check_pipeline_supported, shared_parameters, split_stages, stage_layers
 
 PARAM_BYTES = 4  # fp32 weights and gradients
 ADAM_BYTES = 8  # two fp32 moments per parameter

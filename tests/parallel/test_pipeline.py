@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 import attnlab
 from attnlab.parallel import spawn
-from attnlab.parallel.pipeline import Pipeline, StageModule, check_pipeline_supported, split_stages, stage_layers
+from attnlab.parallel.pipeline import Pipeline
+from attnlab.parallel.stages import StageModule, check_pipeline_supported, split_stages, stage_layers
 from tests.parallel.pipeline_workers import VARIANTS, batch, full_loss, variant_batch
 from tests.parallel.workers import tiny_config
 
@@ -170,7 +171,7 @@ def test_padding_and_joining_batches_keeps_the_loss_and_outputs(arch, kind):
     """What a pipeline does to batches of other widths (pad_batch, join_batches) changes no real
     position's output: right padding that a causal decoder never sees, or masked out (a mask made
     where the batch has none: the encoder's lm batch)."""
-    from attnlab.parallel.pipeline import join_batches, pad_batch
+    from attnlab.parallel.stages import join_batches, pad_batch
 
     torch.manual_seed(0)
     model = attnlab.build_model(tiny_config(arch, num_decoder_layers=1) if arch == "encoder_decoder" else

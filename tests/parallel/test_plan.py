@@ -6,7 +6,6 @@ import json
 import math
 
 import pytest
-import torch
 
 import attnlab
 import attnlab.parallel.tensor as tensor_module
@@ -113,7 +112,7 @@ def test_an_encoder_decoder_pipeline_holds_and_sends_what_its_stages_do(encoder_
     """Its layers cut as one stack, the encoder's first: each stage's parameters are those of the
     stage split_stages gives the tensor-parallel model; a stage inside the decoder sends the
     memory beside the decoder's states, and the decoder's embedding sits where its layer 0 is."""
-    from attnlab.parallel.pipeline import split_stages
+    from attnlab.parallel.stages import split_stages
 
     cfg = tiny_config("encoder_decoder", num_layers=encoder_layers, num_decoder_layers=decoder_layers,
                       position={"scheme": "t5_bias"}, **EAGER)
