@@ -64,3 +64,60 @@ def test_the_transformer_leads_the_step_by_step_attention_model_at_five_cpu_minu
     transformer, bahdanau = results["transformer"]["5"], results["lstm+attention"]["5"]
     assert transformer["val_loss"] < bahdanau["val_loss"] - 0.2
     assert transformer["bleu"] > bahdanau["bleu"]
+
+
+def test_every_model_config_is_valid_and_they_share_the_data(tmp_path):
+    """The study's five run configs load as `attnlab train` configs, with one data section (corpus,
+    objective, batch, tokenizer) for all; the recurrent ones are the cells and attention their
+    labels name."""
+    import argparse
+
+    from attnlab.training import TrainConfig
+
+    s = study()
+    args = argparse.Namespace(corpus="bible-en-es")
+    configs = {name: TrainConfig.from_dict(s.run_config(name, tmp_path / name, tmp_path / "tok.json", args))
+               for name in s.MODELS}
+    assert len({repr(c.data) for c in configs.values()}) == 1
+    expected = {"rnn": ("rnn", "none"), "lstm": ("lstm", "none"), "lstm+attention": ("lstm", "additive"),
+                "lstm+luong": ("lstm", "general")}
+    for name, cfg in configs.items():
+        model = cfg.model_config()
+        if name == "transformer":
+            assert model.arch == "encoder_decoder"
+        else:
+            assert (model.arch, model.rnn.cell, model.rnn.attention) == ("rnn_encoder_decoder", *expected[name])
+
+
+@pytest.mark.parametrize("arch", ["encoder_decoder", "rnn_encoder_decoder"])
+def test_gradient_flow_is_the_geometric_mean_of_each_verse_on_its_own(tmp_path, monkeypatch, arch):
+    """gradient_flow: per verse (long enough for the window), the last `window` source norms of
+    `source_gradient_norms` on that verse alone; their geometric mean over verses; far/near from it."""
+    import argparse
+    import math
+
+    from attnlab.inspect.gradient_flow import source_gradient_norms
+
+    s = study()
+    tok = Tokenizer.train([a + " " + b for a, b in PAIRS], kind="char", special_tokens=["<pad>", "<unk>", "<s>", "</s>"])
+    torch.manual_seed(0)
+    cfg = ModelConfig(arch=arch, vocab_size=tok.vocab_size, d_model=16, num_layers=1, num_heads=2, d_ff=32,
+                      dropout=0.0, pad_token_id=tok.pad_token_id, position={"scheme": "learned", "max_len": 64},
+                      rnn={"cell": "lstm", "attention": "additive", "hidden_size": 16})
+    model = build_model(cfg).eval()
+    save(model, tmp_path / "transformer" / "marks" / "1min", tokenizer=tok)
+    monkeypatch.setattr(s, "valid_pairs", lambda corpus, limit=None: PAIRS)
+    args = argparse.Namespace(out=str(tmp_path), models=["transformer"], corpus="x")
+    window = 8  # "hello" (5 characters + EOS) is too short: two verses count
+    got = s.gradient_flow(args, 1, window=window)["transformer"]
+    eos, bos = tok.eos_token_id, tok.bos_token_id
+    logs = []
+    for a, b in PAIRS[:2]:
+        src, tgt = tok.encode(a) + [eos], tok.encode(b)
+        norms = source_gradient_norms(model, torch.tensor([src]), torch.tensor([[bos] + tgt]), torch.tensor([tgt + [eos]]))
+        logs.append([math.log(v) for v in norms[-window:].tolist()])
+    mean = [math.exp(sum(col) / len(col)) for col in zip(*logs)]
+    assert got["sentences"] == 2
+    assert got["norms"] == pytest.approx(mean, rel=1e-5)
+    assert got["far_over_near"] == pytest.approx(sum(mean[:4]) / sum(mean[-4:]), rel=1e-5)
+    assert (tmp_path / "gradient_flow.png").read_bytes()[:4] == b"\x89PNG"

@@ -24,7 +24,8 @@ are all evaluated is not run again; an interrupted one continues from its last c
 its recorded clock (`OUT/<model>/clock.json`). Files are written atomically.
 
 Outputs: results.json, results.md (the table), bleu_vs_time.png, val_loss_vs_time.png,
-alignment_lstm_attention.png, alignment_transformer.png.
+alignment_lstm_attention.png, alignment_transformer.png, gradient_flow.png (how much of the
+target's loss reaches each source position, at the last mark).
 """
 
 from __future__ import annotations
@@ -196,6 +197,45 @@ def alignment_plots(args: argparse.Namespace, mark: int) -> dict[str, str]:
     return written
 
 
+def gradient_flow(args: argparse.Namespace, mark: int, window: int = 16, sentences: int = 64) -> dict[str, dict]:
+    """How much of the target's loss reaches each of the last `window` source positions, per model
+    at `mark`: ||dL/dx_k|| (`attnlab.inspect.source_gradient_norms`, L = the summed target NLL) on
+    held-out verses of at least `window` source tokens, one verse at a time (no padding), averaged
+    geometrically over verses (the norms are heavy-tailed). `far_over_near`: the 4 farthest
+    positions' mean over the 4 nearest'. Plots the shape (each model scaled to its mean) as
+    gradient_flow.png."""
+    import torch
+
+    import attnlab
+    from attnlab.data.objectives import seq2seq
+    from attnlab.inspect.gradient_flow import source_gradient_norms
+    from attnlab.inspect.plots import plot_lines
+
+    out, series, table = Path(args.out), {}, {}
+    for name in args.models:
+        folder = out / name.replace("+", "_") / "marks" / f"{mark}min"
+        if not folder.exists():
+            continue
+        model, tok = attnlab.load(folder, with_tokenizer=True)
+        model.eval()
+        pairs = [(s, t) for s, t in valid_pairs(args.corpus) if len(tok.encode(s)) + 1 >= window][:sentences]
+        total = torch.zeros(window, dtype=torch.float64)
+        for s, t in pairs:
+            b = seq2seq([tok.encode(s)], [tok.encode(t)], pad_id=tok.pad_token_id, bos_id=tok.bos_token_id,
+                        eos_id=tok.eos_token_id, max_len=96)
+            norms = source_gradient_norms(model, b["src_ids"], b["tgt_ids"], b["labels"])
+            total += norms[-window:].double().clamp(min=1e-30).log()
+        mean = (total / max(len(pairs), 1)).exp()  # positions -window .. -1 (the EOS)
+        series[LABELS[name]] = (list(range(window - 1, -1, -1)), (mean / mean.mean()).tolist())
+        table[name] = {"far_over_near": float(mean[:4].mean() / mean[-4:].mean()), "norms": mean.tolist(),
+                       "sentences": len(pairs)}
+    if series:
+        plot_lines(series, out / "gradient_flow.png", xlabel="distance from the end of the source (tokens)",
+                   ylabel="||dL/dx_k|| / its mean over the window", logy=True,
+                   title=f"gradient reaching the source ({mark} min, held-out verses)")
+    return table
+
+
 def report(args: argparse.Namespace, seconds: float) -> str:
     from attnlab.inspect.plots import plot_lines
 
@@ -210,6 +250,7 @@ def report(args: argparse.Namespace, seconds: float) -> str:
         plot_lines(series, out / f"{key}_vs_time.png", xlabel="training time on one core (CPU minutes)",
                    ylabel=label, title=f"{args.corpus}: {label}")
     plots = alignment_plots(args, max(args.marks))
+    flow = gradient_flow(args, max(args.marks))
     lines = ["| model | " + " | ".join(f"{m} min: steps / val loss / BLEU / chrF" for m in sorted(args.marks)) + " |",
              "|---|" + "---|" * len(args.marks)]
     for name, rows in table.items():
@@ -220,7 +261,8 @@ def report(args: argparse.Namespace, seconds: float) -> str:
         lines.append(f"| {LABELS[name]} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + f"\n\nthis invocation {seconds:.0f} s wall-clock, load average at the end {loadavg()}\n"
     write_json(out / "results.json", {"args": {k: v for k, v in vars(args).items() if k != "worker"},
-                                      "results": table, "alignment_plots": plots, "seconds": seconds})
+                                      "results": table, "alignment_plots": plots, "gradient_flow": flow,
+                                      "seconds": seconds})
     from attnlab.io.files import atomic_write_text
 
     atomic_write_text(out / "results.md", text)
