@@ -72,7 +72,7 @@ def random_twin(pretrained: Path, out: Path) -> Path:
 
 
 def finetune_config(model: Path, data: dict[str, Path], out_dir: Path, seed: int, args: argparse.Namespace) -> dict:
-    return {"model": str(model), "head": "classification", "pooling": "mean",
+    return {"model": str(model), "head": "classification", "pooling": "mean", "dropout": args.dropout,
             "data": {split: str(path) for split, path in data.items()},
             "recipe": {"lr": args.lr, "warmup_ratio": 0.1, "weight_decay": 0.01, "batch_size": 32,
                        "max_length": 128, "max_steps": args.steps, "precision": "fp32"},
@@ -116,6 +116,8 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=400, help="fine-tuning steps of 32 descriptions")
     p.add_argument("--lr", type=float, default=2e-4, help="fine-tuning peak learning rate (both encoders)")
+    p.add_argument("--dropout", type=float, default=0.1,
+                   help="dropout while fine-tuning, both encoders (whatever the pretraining recipe used)")
     p.add_argument("--per-section", type=int, default=400,
                    help="labelled training descriptions per section (fewer: where pretraining should matter most)")
     args = p.parse_args()
