@@ -17,9 +17,8 @@ import importlib
 from typing import Any
 
 from attnlab import presets
+from attnlab._version import __version__  # noqa: F401 (attnlab.__version__)
 from attnlab.config import AttentionConfig, ModelConfig, PositionConfig, RNNConfig
-
-__version__ = "0.1.0"
 
 # name -> (module, attribute in it; None for the module itself), imported on first use
 _LAZY: dict[str, tuple[str, str | None]] = {
@@ -27,8 +26,8 @@ _LAZY: dict[str, tuple[str, str | None]] = {
                                                    "build_model")},
     "GenerateOutput": ("attnlab.decoding", "GenerateOutput"),
     "generate": ("attnlab.decoding", "generate"),
-    "load": ("attnlab.io", "load"),
-    "save": ("attnlab.io", "save"),
+    "load": ("attnlab.interop.serialization", "load"),
+    "save": ("attnlab.interop.serialization", "save"),
     "data": ("attnlab.data", None),
     "finetune": ("attnlab.finetune", None),
     "inspect": ("attnlab.inspect", None),

@@ -356,7 +356,7 @@ def main() -> None:
 def weights_quality(args: argparse.Namespace, device: torch.device) -> dict:
     """The quality cost of --weights on --quality-model (or a char model trained here)."""
     if args.quality_model is not None:
-        from attnlab.io.serialization import load
+        from attnlab.interop.serialization import load
 
         model, tok = load(args.quality_model, with_tokenizer=True)
         if tok is None or hasattr(model, "encode"):

@@ -291,11 +291,11 @@ def measure_rank(ctx, config: dict, warmup: int, steps: int, memory_steps: int) 
     `memory_steps` steps with the memory probes on; returns what it measured and the plan's numbers."""
     import torch
 
-    import attnlab.parallel.mesh  # noqa: F401 -- code loaded before the baseline resident set
+    from attnlab.parallel.mesh import MeshTraining  # code loaded before the baseline resident set
     from attnlab.training import TrainConfig, Trainer
 
     rss_start = _status_bytes("VmRSS")
-    trainer = Trainer(TrainConfig.from_dict(config), log=lambda text: None, show_progress=False)
+    trainer = Trainer(TrainConfig.from_dict(config), log=lambda text: None, show_progress=False, mesh=MeshTraining)
     rss_init = _status_bytes("VmRSS")  # the data, the tokenizer and the model built, no step taken
     clock = StepClock()
     trainer.fit(stop_at=warmup + steps, on_step=clock)

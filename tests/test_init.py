@@ -34,4 +34,6 @@ def test_lazy_names_are_the_real_objects():
     from attnlab.training import Trainer
 
     assert attnlab.Trainer is Trainer and attnlab.embed is embed and attnlab.fill_mask is fill_mask
-    assert attnlab.load is attnlab.io.load and attnlab.save is attnlab.io.save
+    from attnlab.interop.serialization import load, save
+
+    assert attnlab.load is load and attnlab.save is save

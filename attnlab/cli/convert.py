@@ -86,7 +86,7 @@ def _tokenizer(folder: Path):
 
 def _run(args: argparse.Namespace) -> int:
     from attnlab.interop import from_hf, save_hf
-    from attnlab.io.serialization import load, save
+    from attnlab.interop.serialization import load, save
 
     src, dst = Path(args.src), Path(args.dst)
     kind = source_kind(src)

@@ -18,7 +18,7 @@ _SAMPLING_FLAGS = ("temperature", "top_k", "top_p")
 
 def load_checkpoint(path: str) -> tuple[torch.nn.Module, Any]:
     """(model, tokenizer) from a folder written by `attnlab.save`; an error without a tokenizer."""
-    from attnlab.io.serialization import load
+    from attnlab.interop.serialization import load
 
     model, tokenizer = load(path, with_tokenizer=True)
     if tokenizer is None:

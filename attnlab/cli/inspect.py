@@ -29,7 +29,7 @@ def _attention(args: argparse.Namespace) -> int:
     from attnlab.inspect.plots import plot_alignment, plot_head_grid
     from attnlab.inspect.viewer import token_labels
     from attnlab.io.weights import write_safetensors
-    from attnlab.io.serialization import load
+    from attnlab.interop.serialization import load
 
     model, tok = load(args.checkpoint, with_tokenizer=True)
     if _is_vit(model):

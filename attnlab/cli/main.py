@@ -83,7 +83,7 @@ def version() -> str:
     try:
         return metadata.version("attnlab")
     except metadata.PackageNotFoundError:
-        from attnlab import __version__
+        from attnlab._version import __version__
 
         return __version__
 

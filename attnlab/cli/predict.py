@@ -49,7 +49,7 @@ def predict_file(checkpoint: str, input_path: str, output_path: str, *, text_col
     from attnlab.finetune.job import LABELS_FILE, SETTINGS_FILE
     from attnlab.finetune.runner import predict
     from attnlab.io.files import read_json
-    from attnlab.io.serialization import load
+    from attnlab.interop.serialization import load
 
     folder, out = Path(checkpoint), Path(output_path)
     if out.suffix.lower() not in (".jsonl", ".csv"):

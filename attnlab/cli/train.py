@@ -234,13 +234,14 @@ def _main(args: argparse.Namespace) -> int:
     from contextlib import nullcontext
 
     from attnlab.io.lock import RunLock
+    from attnlab.parallel.mesh import MeshTraining
     from attnlab.training.distributed import CollectiveError
     from attnlab.training.trainer import NonFiniteLossError, Trainer, TrainingInterrupted
 
     # one writer per out_dir, from the data preparation (it writes tokenizer.json) to the end
     lock = RunLock(cfg.train.out_dir, what="train.out_dir", command=shlex.join(["attnlab", "train", config, *rest]))
     with lock if main_rank else nullcontext():  # [parallel] rank 0 writes
-        trainer = Trainer(cfg)
+        trainer = Trainer(cfg, mesh=MeshTraining)  # [parallel] the hooks of a tp / pp layout (unused without one)
         held = trainer.mesh.module if trainer.mesh is not None else trainer.model  # [parallel] tp / pp: rank 0's part
         n_params = sum(p.numel() for p in held.parameters())
         ctx = trainer.parallel

@@ -123,7 +123,7 @@ def load_masked_lm(path: str | os.PathLike, tokenizer: Any = None) -> tuple[nn.M
         FileNotFoundError: no such folder, or no tokenizer in it (and none given).
         TypeError, ValueError: as `check_mlm` for a model without an MLM head; as `attnlab.load`.
     """
-    from attnlab.io.serialization import load
+    from attnlab.interop.serialization import load
     from attnlab.tokenizers import Tokenizer
 
     model, found = load(path, with_tokenizer=True)

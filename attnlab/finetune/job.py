@@ -311,7 +311,7 @@ def _save(run: Finetuner, tokenizer: Any, labels: LabelMap, folder: Path) -> Non
     """attnlab.save of the model and tokenizer with labels.json and finetune.json beside them, the
     whole folder written atomically (an earlier job's model folder is replaced as a whole)."""
     from attnlab.io.files import atomic_folder
-    from attnlab.io.serialization import save
+    from attnlab.interop.serialization import save
 
     settings = {"max_length": run.recipe.max_length, "padding_side": run.recipe.padding_side, "pad_id": run.pad_id,
                 "label_position": run.recipe.label_position}

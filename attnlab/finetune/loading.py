@@ -38,7 +38,7 @@ def load_pretrained(spec: str | os.PathLike, tokenizer: str | os.PathLike | None
         FileNotFoundError: no such folder, or no tokenizer found.
         ValueError: a folder that is neither kind.
     """
-    from attnlab.io.serialization import load
+    from attnlab.interop.serialization import load
     from attnlab.tokenizers import Tokenizer
 
     if str(spec) == "minilm":

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from attnlab.io.downloads import DownloadError, PackageFiles, fetch
 from attnlab.io.files import read_json
-from attnlab.io.serialization import load
+from attnlab.interop.serialization import load
 from attnlab.models.heads import pool
 from attnlab.tokenizers import Tokenizer
 

@@ -124,7 +124,7 @@ def save_full_checkpoint(model: nn.Module, path: str | os.PathLike, *, optimizer
     Returns:
         the folder on rank 0, None elsewhere.
     """
-    import attnlab
+    from attnlab.interop.serialization import save
     from attnlab.models import build_model
 
     state = gather_full_state(model)
@@ -136,7 +136,7 @@ def save_full_checkpoint(model: nn.Module, path: str | os.PathLike, *, optimizer
     full = build_model(model.config)
     full.load_state_dict(state, strict=False)  # tied names share storage: one copy fills both
     with atomic_folder(path) as tmp:  # the model and its optimizer state are swapped in together
-        attnlab.save(full, tmp)
+        save(full, tmp)
         if opt_state is not None:
             write_safetensors(opt_state, tmp / OPTIMIZER_FILE)
     return Path(path)
@@ -153,9 +153,9 @@ def load_full_checkpoint(path: str | os.PathLike, group=None, *, gather_output: 
     Returns:
         the model, in train mode.
     """
-    import attnlab
+    from attnlab.interop.serialization import load
     from attnlab.parallel.tensor import tensor_parallel
 
-    model = attnlab.load(path)
+    model = load(path)
     model.train()
     return tensor_parallel(model, group, gather_output=gather_output)

@@ -1,6 +1,7 @@
 """The Trainer on a tensor x pipeline x data mesh: what one rank of `attnlab train --nproc N` does
-differently when `parallel.tp` or `parallel.pp` is above 1 (attnlab.training.trainer calls these
-hooks; plain data parallel needs none of them).
+differently when `parallel.tp` or `parallel.pp` is above 1: the hooks `attnlab train` gives the
+Trainer, `Trainer(config, mesh=MeshTraining)` (training sits below this package, so the hooks are
+passed in, not imported there; plain data parallel needs none of them).
 
 Notation: tp, pp, dp the mesh sizes (attnlab.training.distributed: rank = (pp_rank dp + dp_rank) tp
 + tp_rank), k = train.grad_accum, m = parallel.micro_batches, V the vocabulary.
@@ -54,7 +55,7 @@ from attnlab.training.precision import autocast
 from attnlab.training.steps import to_device
 from attnlab.training.task import StepLoss
 
-__all__ = ["MeshTraining", "check_layout", "vocab_parallel_loss"]  # check_layout: the Trainer calls it from here
+__all__ = ["MeshTraining", "vocab_parallel_loss"]
 
 
 def _features(model: nn.Module, batch: dict[str, Tensor]) -> tuple[nn.Module, Tensor]:
@@ -115,11 +116,15 @@ class MeshTraining:
         config: the run; its `parallel` section gives the layout.
         task: the pretraining task (its `pipeline` gives the evaluation batches).
 
-    The Trainer checks the layout first (`check_layout`, before the data is prepared).
+    The Trainer checks the layout first (`MeshTraining.check_layout`, before the data is
+    prepared), and under tp takes its step loss from `loss` (`vocab_parallel_loss`).
 
     Raises:
         ValueError: a task without the evaluation batches of a pretraining objective.
     """
+
+    check_layout = staticmethod(check_layout)  # (config, world_size): called before the data is prepared
+    loss = staticmethod(vocab_parallel_loss)  # the step loss of a tensor-parallel model
 
     def __init__(self, model: nn.Module, ctx: ParallelContext, config: TrainConfig, task: Any):
         if not hasattr(task, "pipeline"):

@@ -96,7 +96,7 @@ def export_lora(model: nn.Module, out: str | Path, *, merged: bool = True,
     out = Path(out)
     written = [save_adapters(model, out / ADAPTER_DIR, settings=to_dict(settings) if settings is not None else None)]
     if merged:
-        from attnlab.io.serialization import save
+        from attnlab.interop.serialization import save
 
         tokenizer = _TokenizerFile(out / "tokenizer.json") if (out / "tokenizer.json").is_file() else None
         plain = merged_copy(model)

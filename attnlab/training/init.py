@@ -117,7 +117,7 @@ def load_init(path: str | os.PathLike) -> tuple[nn.Module, Any]:
     Raises:
         FileNotFoundError: no such folder, or no tokenizer in it.
     """
-    from attnlab import load
+    from attnlab.interop.serialization import load
     from attnlab.tokenizers import Tokenizer
 
     folder = _init_folder(path)

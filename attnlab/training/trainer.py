@@ -1,12 +1,14 @@
 """The one training loop, for every task (pretraining objectives, fine-tuning heads): gradient
 accumulation weighted by tokens, bf16 autocast or fp16 with loss scaling, clipping, schedules,
 periodic evaluation, early stopping, the NaN policy, checkpoints and exact resume, data parallel
-under torchrun (and tensor and pipeline parallel: the `parallel` section, through the hooks of
-attnlab.parallel.mesh), torch.compile, activation checkpointing and TensorBoard logging.
+under torchrun (and tensor and pipeline parallel: the `parallel` section, through the hooks given
+as `mesh=`, attnlab.parallel.mesh.MeshTraining), torch.compile, activation checkpointing and
+TensorBoard logging.
 
     trainer = Trainer(TrainConfig.from_dict(load_config_file("examples/shakespeare_char.json")))
     summary = trainer.fit()                  # or fit(resume=True) after an interruption
     Trainer(config, task=task, model=model)  # any task (attnlab.training.task), e.g. a fine-tuning head
+    Trainer(config, mesh=MeshTraining)       # parallel.tp / parallel.pp > 1 (attnlab.parallel.mesh)
 
 One optimisation step = `grad_accum` micro-batches. Its loss is the sum of the micro-batches'
 token losses over the step's label tokens (attnlab.training.task). A resumed run restores
@@ -110,9 +112,10 @@ class TrainingInterrupted(KeyboardInterrupt):
 def versions() -> dict[str, str]:
     """Versions a run records beside its config."""
     import numpy
-    import attnlab
 
-    return {"attnlab": attnlab.__version__, "torch": torch.__version__, "numpy": numpy.__version__,
+    from attnlab._version import __version__
+
+    return {"attnlab": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
             "python": platform.python_version()}
 
 
@@ -136,11 +139,19 @@ class Trainer:
             `model.init_from` — with the data's vocabulary).
         log: where progress lines go (print to stdout by default).
         show_progress: progress lines for tokenisation and steps.
+        mesh: the hooks of a model split over processes, needed when `parallel.tp` or
+            `parallel.pp` is above 1 (unused otherwise): `attnlab.parallel.mesh.MeshTraining`,
+            which `attnlab train` passes. The loop calls `mesh.check_layout(config, world_size)`
+            before the data is prepared, then `mesh(model, ctx, config, task)` for this rank's
+            part; given rather than imported, since attnlab.parallel sits above training.
+
+    Raises:
+        ValueError: `parallel.tp` or `parallel.pp` above 1 without `mesh`; `task` without `model`.
     """
 
     def __init__(self, config: TrainConfig, *, task: Any = None, pipeline: Pipeline | None = None,
                  model: torch.nn.Module | None = None, log: Callable[[str], None] | None = None,
-                 show_progress: bool = True):
+                 show_progress: bool = True, mesh: Any = None):
         self.config = config
         self.out = Path(config.train.out_dir)
         self.log = log or (lambda text: print(text, flush=True))
@@ -154,11 +165,14 @@ class Trainer:
         if run.compile and self.device.type == "cpu" and not has_cxx_compiler():
             raise ConfigError("train.compile", "true on a CPU needs a C++ compiler for torch.compile's code (g++ or "
                               "clang++ on PATH, or $CXX); install one or set train.compile to false")
-        par, mesh = config.parallel, None
+        par = config.parallel
+        if par.sharded and mesh is None:
+            raise ValueError(f"parallel.tp={par.tp}, parallel.pp={par.pp} split the model over processes: pass the "
+                             "mesh hooks, Trainer(config, mesh=attnlab.parallel.mesh.MeshTraining) (attnlab train "
+                             "--nproc N does)")
+        mesh = mesh if par.sharded else None  # [parallel] tp / pp split the model: the caller's hooks do the rest
         self.parallel = init_from_env(par.tp, pp=par.pp, dp=par.dp)  # [parallel] under torchrun: rank 0 writes
-        if par.sharded:  # [parallel] tp / pp split the model: the one place the loop reaches into attnlab.parallel
-            from attnlab.parallel import mesh
-
+        if mesh is not None:
             mesh.check_layout(config, self.parallel.world_size)  # before any data is prepared
         if self.parallel.distributed:
             self.device = self.parallel.device if self.device.type == "cuda" else self.device
@@ -180,12 +194,12 @@ class Trainer:
             task.prepare(model)  # freezing, re-initialisation: before the optimizer sees the parameters
         model = apply_lora(model, config.lora, seed=run.seed, log=self.log)  # LoRA adapters (config.lora), base frozen
         self.model = model.to(self.device)
-        self.mesh = mesh.MeshTraining(self.model, self.parallel, config, task) if mesh is not None else None
+        self.mesh = mesh(self.model, self.parallel, config, task) if mesh is not None else None
         if run.activation_checkpointing:
             checkpoint_activations(self.model)  # (attnlab.training.speedups)
         self.compiled_layers = compile_layers(self.model) if run.compile else 0
         loss = with_balance_loss(task.loss, self.model)  # + the experts' load balance (MoE models)
-        loss = mesh.vocab_parallel_loss if mesh is not None else loss  # [parallel] tp: over the vocabulary's shards
+        loss = self.mesh.loss if self.mesh is not None else loss  # [parallel] tp: over the vocabulary's shards
         # [parallel] DDP when dp > 1; a pipeline sums its gradients over dp itself
         pipelined = self.mesh is not None and self.mesh.pipelined
         self.train_loss = None if pipelined else data_parallel_loss(self.model, self.parallel, loss)

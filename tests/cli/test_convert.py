@@ -11,7 +11,7 @@ import transformers
 
 import attnlab
 from attnlab.cli.main import main
-from attnlab.io.serialization import load
+from attnlab.interop.serialization import load
 from attnlab.io.weights import load_state, read_safetensors
 from tests.interop.helpers import TOL, real_max_diff, single_thread, tiny_gpt2_folder
 from tests.interop.test_export_special import token_ids, token_messages, transformers_messages

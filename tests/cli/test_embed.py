@@ -9,7 +9,7 @@ import torch
 from attnlab import ModelConfig, build_model
 from attnlab.cli.main import main
 from attnlab.interop.sentence import embed
-from attnlab.io.serialization import save
+from attnlab.interop.serialization import save
 from tests.interop.helpers import single_thread
 
 pytestmark = pytest.mark.usefixtures(single_thread.__name__)

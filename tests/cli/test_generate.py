@@ -9,7 +9,7 @@ import torch
 from attnlab import ModelConfig, build_model
 from attnlab.cli.main import main
 from attnlab.decoding import generate
-from attnlab.io.serialization import save
+from attnlab.interop.serialization import save
 from attnlab.tokenizers import Tokenizer
 
 TEXT = ["the cat sat on the mat", "a dog ran in the park", "hello world, how are you?"]

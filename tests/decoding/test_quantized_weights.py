@@ -26,7 +26,7 @@ from attnlab.decoding import QuantizedLinear, generate, quantize_weights
 from attnlab.decoding import quantize as quantize_module
 from attnlab.decoding.quantize import WEIGHT_FORMATS, int8_per_channel
 from attnlab.decoding.runner import CachedRunner, make_runner
-from attnlab.io.serialization import save
+from attnlab.interop.serialization import save
 from attnlab.nn.linear import fixed_layouts, project
 from attnlab.tokenizers import Tokenizer
 
@@ -300,7 +300,7 @@ def test_translate_takes_the_flag(tmp_path, tok, capsys):
 
 def test_a_quantized_model_is_not_saved(tmp_path):
     """attnlab.load could not read it back: save refuses it in one line, and writes nothing."""
-    from attnlab.io.serialization import save
+    from attnlab.interop.serialization import save
 
     torch.manual_seed(0)
     model = build_model(ModelConfig(arch="decoder", vocab_size=32, d_model=32, num_layers=1, num_heads=2, d_ff=64))

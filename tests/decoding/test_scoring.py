@@ -10,7 +10,7 @@ import torch
 from attnlab import ModelConfig, build_model
 from attnlab.cli.main import main
 from attnlab.decoding.scoring import score_texts
-from attnlab.io.serialization import save
+from attnlab.interop.serialization import save
 from attnlab.tokenizers import Tokenizer
 
 TEXTS = ["turn off the lights", "off turn the lights", "the", "lights off, turn them"]

@@ -143,7 +143,7 @@ def test_a_tiny_run_learns_a_trivial_tagging_task(steps):
 @pytest.mark.parametrize("steps", [20, pytest.param(80, marks=pytest.mark.slow)])  # 10 reach 1.0 here
 def test_finetune_and_predict_cli_for_token_classification(tmp_path, steps):
     from attnlab.cli.main import main
-    from attnlab.io.serialization import save
+    from attnlab.interop.serialization import save
 
     torch.manual_seed(0)
     save(tiny("encoder", num_layers=2), tmp_path / "base", tokenizer=char_tokenizer())

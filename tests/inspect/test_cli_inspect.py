@@ -6,7 +6,7 @@ import torch
 from attnlab import ModelConfig, build_model
 from attnlab.cli.main import main
 from attnlab.io.weights import read_safetensors
-from attnlab.io.serialization import save
+from attnlab.interop.serialization import save
 from attnlab.tokenizers import Tokenizer
 
 TEXTS = ["the cat sat on the mat", "a dog ran in the park"]

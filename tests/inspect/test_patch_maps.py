@@ -16,7 +16,7 @@ from attnlab.inspect.attention_maps import attention_maps
 from attnlab.inspect.patch_maps import (DIGITS_SPLIT_SEED, DIGITS_TEST_FRACTION, image_attention, image_view,
                                         on_grid, patch_labels, plot_cls_attention, plot_patch_attention)
 from attnlab.inspect.viewer import render_html
-from attnlab.io.serialization import save
+from attnlab.interop.serialization import save
 from attnlab.io.weights import read_safetensors
 from attnlab.models.vision import VisionConfig, VisionEncoder, patchify
 from tests.inspect.test_viewer import QUANTUM, decode_page

@@ -19,7 +19,7 @@ from attnlab.cli.main import main
 from attnlab.inspect.attention_maps import attention_maps, attention_modules
 from attnlab.inspect.viewer import (MAX_TOKENS, AttentionMap, AttentionKind, AttentionView, attention_html,
                                     capture_view, render_html, write_attention_html)
-from attnlab.io.serialization import save
+from attnlab.interop.serialization import save
 from attnlab.tokenizers import Tokenizer
 
 TEXTS = ["the cat sat on the mat", "a dog ran in the park"]

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from attnlab.cli.main import main
-from attnlab.io.serialization import save
+from attnlab.interop.serialization import save
 from tests.inspect.test_viewer import SOURCE, TARGET, TEXTS, inputs, reference_maps, tiny_model
 
 ATOL = 1 / 255  # the page holds round(255 w) / 255

@@ -23,9 +23,10 @@ def layout_config(base: dict, out: str, parallel: dict) -> dict:
 
 
 def _fit(config: dict, resume_from: str | None = None) -> None:
+    from attnlab.parallel.mesh import MeshTraining
     from attnlab.training import TrainConfig, Trainer
 
-    trainer = Trainer(TrainConfig.from_dict(config), log=lambda text: None, show_progress=False)
+    trainer = Trainer(TrainConfig.from_dict(config), log=lambda text: None, show_progress=False, mesh=MeshTraining)
     if resume_from is not None and not trainer.resume(resume_from):
         raise AssertionError(f"nothing to resume at {resume_from}")
     trainer.fit()
@@ -59,9 +60,10 @@ def die_mid_step(ctx, config: dict, victim: int, step: int) -> str:
     pipeline stage's, or the tensor-parallel model's features), after the earlier checkpoints."""
     import torch
 
+    from attnlab.parallel.mesh import MeshTraining
     from attnlab.training import TrainConfig, Trainer
 
-    trainer = Trainer(TrainConfig.from_dict(config), log=lambda text: None, show_progress=False)
+    trainer = Trainer(TrainConfig.from_dict(config), log=lambda text: None, show_progress=False, mesh=MeshTraining)
     module, name = (trainer.mesh.module, "forward") if trainer.mesh.pipelined else (trainer.model, "features")
     forward = getattr(module, name)
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from attnlab import ModelConfig, build_model
-from attnlab.io.serialization import save
+from attnlab.interop.serialization import save
 from attnlab.tokenizers import Tokenizer
 
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "studies" / "rnn_vs_transformer" / "run.py"

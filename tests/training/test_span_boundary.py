@@ -12,7 +12,7 @@ import attnlab.models.build
 from attnlab.config import ModelConfig
 from attnlab.config.validate import ConfigError
 from attnlab.data.objectives import IGNORE, span_boundaries, span_masked_lm
-from attnlab.io.serialization import load, save
+from attnlab.interop.serialization import load, save
 from attnlab.models.heads import SpanBoundaryHead, span_boundary_head
 from attnlab.training.config import DataConfig
 from attnlab.training.objectives import OBJECTIVES

@@ -216,3 +216,13 @@ def test_a_time_limited_run_estimates_its_end_from_the_limit(tmp_path):
     etas = [line.rsplit("ETA ", 1)[1] for line in lines if "ETA " in line]
     assert etas and all(eta.endswith("s") and "h" not in eta for eta in etas), etas  # not 10**7 steps away
     assert all(int(eta.rstrip("s")) <= 2 for eta in etas if "m" not in eta), etas
+
+
+@pytest.mark.parametrize("parallel", [{"tp": 2}, {"pp": 2}], ids=["tp2", "pp2"])
+def test_a_split_model_needs_the_mesh_hooks(tmp_path, parallel):
+    """tp / pp > 1 run through the hooks of attnlab.parallel, which sits above training: given as
+    `mesh=`, never imported by the loop, and asked for before anything is prepared."""
+    cfg = TrainConfig.from_dict({**tiny_config(tmp_path), "parallel": parallel})
+    with pytest.raises(ValueError, match=r"mesh=attnlab\.parallel\.mesh\.MeshTraining"):
+        Trainer(cfg, log=lambda text: None, show_progress=False)
+    assert not (tmp_path / "run").exists()

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from attnlab.io.serialization import load, save
+from attnlab.interop.serialization import load, save
 from attnlab.models.vision import VisionConfig, VisionEncoder
 from tests.interop.helpers import single_thread
 

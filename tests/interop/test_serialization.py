@@ -7,8 +7,8 @@ import torch
 from safetensors import safe_open
 
 from attnlab import ModelConfig, build_model
-from attnlab.io import serialization
-from attnlab.io.serialization import load, save
+from attnlab.interop import serialization
+from attnlab.interop.serialization import load, save
 from tests.interop.helpers import single_thread
 
 pytestmark = pytest.mark.usefixtures(single_thread.__name__)

@@ -13,21 +13,26 @@ new one; a folder that attnlab did not write is never replaced.
     attnlab.save(model, "run/model", tokenizer=tok)
     model = attnlab.load("run/model")                              # eval mode
     model, tok = attnlab.load("run/model", with_tokenizer=True)    # tok is None without tokenizer.json
+
+Why here, in `interop`: loading builds a model (`models`, LoRA from `nn`), reads a tokenizer
+(`tokenizers`) and opens Hugging Face folders too (`from_hf`), so it sits at the lowest layer
+that sees all of them — the one of `interop` — and among that layer's packages with the one
+whose subject is model folders on disk (`save_hf`, `from_hf(folder)`). The files themselves
+(safetensors, atomic folders, the checkpoints' layout) are `attnlab.io`'s.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+from torch import nn
 
 from attnlab.config import ModelConfig
 from attnlab.io.checkpoints import read_state, resolve_checkpoint
 from attnlab.io.files import atomic_folder, read_json
 from attnlab.io.weights import SAFETENSORS, load_state, read_safetensors, unique_state, write_safetensors
-
-if TYPE_CHECKING:  # torch loads with the model, so that `import attnlab.io` stays light
-    from torch import nn
 
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.json"
