@@ -6,23 +6,20 @@ FLOP counts say."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "studies" / "attention_cost" / "run.py"
+from tests.studies import STUDIES, load_study
+
+SCRIPT = STUDIES / "attention_cost" / "run.py"
 
 
 def study():
-    spec = importlib.util.spec_from_file_location("attention_cost_study", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_study("attention_cost")
 
 
 # in a process of its own: configure_malloc changes how the whole process allocates

@@ -4,12 +4,10 @@ at a reduced budget (ALiBi past the trained length beats sinusoidal)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,14 +15,13 @@ import torch.nn.functional as F
 
 import attnlab
 
-SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "studies" / "positions" / "run.py"
+from tests.studies import STUDIES, load_study
+
+SCRIPT = STUDIES / "positions" / "run.py"
 
 
 def study():
-    spec = importlib.util.spec_from_file_location("positions_study", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_study("positions")
 
 
 def tiny_decoder(scheme: str, max_len: int = 64) -> torch.nn.Module:

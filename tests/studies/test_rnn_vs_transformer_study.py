@@ -3,8 +3,6 @@ computation (padding and batching change nothing), for a Transformer and a recur
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,26 +12,32 @@ from attnlab import ModelConfig, build_model
 from attnlab.interop.serialization import save
 from attnlab.tokenizers import Tokenizer
 
-SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "studies" / "rnn_vs_transformer" / "run.py"
+from tests.studies import STUDIES, load_study
+
+SCRIPT = STUDIES / "rnn_vs_transformer" / "run.py"
 PAIRS = [("the cat sat", "el gato"), ("a dog ran in the park today", "un perro"), ("hello", "hola amigo mio")]
 
 
-def study():
-    spec = importlib.util.spec_from_file_location("rnn_vs_transformer_study", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.mark.parametrize("arch", ["encoder_decoder", "rnn_encoder_decoder"])
-def test_validation_loss_equals_the_pair_by_pair_mean(tmp_path, arch):
+def tiny_model(arch: str, folder) -> tuple[torch.nn.Module, Tokenizer]:
+    """An untrained encoder-decoder of `arch` over a character tokenizer of PAIRS, saved to `folder`
+    as a study saves its marks."""
     tok = Tokenizer.train([s + " " + t for s, t in PAIRS], kind="char", special_tokens=["<pad>", "<unk>", "<s>", "</s>"])
     torch.manual_seed(0)
     cfg = ModelConfig(arch=arch, vocab_size=tok.vocab_size, d_model=16, num_layers=1, num_heads=2, d_ff=32,
                       dropout=0.0, pad_token_id=tok.pad_token_id, position={"scheme": "learned", "max_len": 64},
                       rnn={"cell": "lstm", "attention": "additive", "hidden_size": 16})
     model = build_model(cfg).eval()
-    save(model, tmp_path / "m", tokenizer=tok)
+    save(model, folder, tokenizer=tok)
+    return model, tok
+
+
+def study():
+    return load_study("rnn_vs_transformer")
+
+
+@pytest.mark.parametrize("arch", ["encoder_decoder", "rnn_encoder_decoder"])
+def test_validation_loss_equals_the_pair_by_pair_mean(tmp_path, arch):
+    model, tok = tiny_model(arch, tmp_path / "m")
     got = study().validation_loss(tmp_path / "m", PAIRS, batch_size=2)  # batches of 2 and 1: padding in the first
     eos, bos = tok.eos_token_id, tok.bos_token_id
     total, count = 0.0, 0
@@ -99,13 +103,7 @@ def test_gradient_flow_is_the_geometric_mean_of_each_verse_on_its_own(tmp_path, 
     from attnlab.inspect.gradient_flow import source_gradient_norms
 
     s = study()
-    tok = Tokenizer.train([a + " " + b for a, b in PAIRS], kind="char", special_tokens=["<pad>", "<unk>", "<s>", "</s>"])
-    torch.manual_seed(0)
-    cfg = ModelConfig(arch=arch, vocab_size=tok.vocab_size, d_model=16, num_layers=1, num_heads=2, d_ff=32,
-                      dropout=0.0, pad_token_id=tok.pad_token_id, position={"scheme": "learned", "max_len": 64},
-                      rnn={"cell": "lstm", "attention": "additive", "hidden_size": 16})
-    model = build_model(cfg).eval()
-    save(model, tmp_path / "transformer" / "marks" / "1min", tokenizer=tok)
+    model, tok = tiny_model(arch, tmp_path / "transformer" / "marks" / "1min")
     monkeypatch.setattr(s, "valid_pairs", lambda corpus, limit=None: PAIRS)
     args = argparse.Namespace(out=str(tmp_path), models=["transformer"], corpus="x")
     window = 8  # "hello" (5 characters + EOS) is too short: two verses count

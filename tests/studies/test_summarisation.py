@@ -4,12 +4,10 @@ reduced budget."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,16 +17,15 @@ from attnlab.data.objectives import pairs_lm, seq2seq
 from attnlab.tokenizers import Tokenizer
 from attnlab.training.steps import batch_loss
 
-SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "studies" / "summarisation" / "run.py"
+from tests.studies import STUDIES, load_study
+
+SCRIPT = STUDIES / "summarisation" / "run.py"
 DOCUMENTS = ["a tool to fix the disk", "library for parsing the json files", "a tool to fix the nets",
              "the daemon", "fonts", "library for reading json and yaml files of all kinds"]
 
 
 def study():
-    spec = importlib.util.spec_from_file_location("summarisation_study", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_study("summarisation")
 
 
 def _model(arch: str, tok: Tokenizer) -> torch.nn.Module:

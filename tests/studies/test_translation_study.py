@@ -3,24 +3,21 @@ run folder and the clock change), and, slow, the study's goal at half its budget
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "studies" / "translation" / "run.py"
+from tests.studies import STUDIES, load_study
+
+SCRIPT = STUDIES / "translation" / "run.py"
 
 
 def study():
-    spec = importlib.util.spec_from_file_location("translation_study", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_study("translation")
 
 
 def test_the_recipe_is_trained_as_written(tmp_path):
