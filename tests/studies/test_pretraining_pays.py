@@ -1,0 +1,71 @@
+"""examples/studies/pretraining_pays/: the encoder recipe is a valid `attnlab train` config for a
+masked LM; the random twin is the pretrained encoder's architecture and tokenizer with fresh
+weights; both encoders fine-tune under one config that differs only in the model; the table pairs
+the two by seed."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from attnlab import ModelConfig, build_model
+from attnlab.interop.serialization import load, save
+from attnlab.tokenizers import Tokenizer
+
+from tests.studies import STUDIES, load_study
+
+
+def study():
+    return load_study("pretraining_pays")
+
+
+def test_the_encoder_recipe_is_a_masked_lm_config():
+    from attnlab.training import TrainConfig
+
+    cfg = TrainConfig.from_dict(yaml.safe_load((STUDIES / "pretraining_pays" / "bert.yaml").read_text()))
+    assert cfg.data.objective == "masked_lm" and cfg.model_config().arch == "encoder"
+    assert cfg.train.precision == "auto"  # bf16 only where the CPU has it natively
+
+
+def test_the_random_twin_shares_config_and_tokenizer_not_weights(tmp_path):
+    tok = Tokenizer.train(["a tool to fix the disk", "library for json"], kind="char",
+                          special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    torch.manual_seed(1)
+    cfg = ModelConfig(arch="encoder", head="mlm", vocab_size=tok.vocab_size, d_model=16, num_layers=1, num_heads=2,
+                      d_ff=32, position={"scheme": "learned", "max_len": 32})
+    save(build_model(cfg), tmp_path / "pretrained", tokenizer=tok)
+    twin = study().random_twin(tmp_path / "pretrained", tmp_path)
+    (a, tok_a), (b, tok_b) = load(tmp_path / "pretrained", with_tokenizer=True), load(twin, with_tokenizer=True)
+    assert a.config == b.config
+    assert tok_a.get_vocab() == tok_b.get_vocab()
+    wa, wb = a.state_dict(), b.state_dict()
+    assert wa.keys() == wb.keys()
+    assert not torch.equal(wa["embed.token.weight"], wb["embed.token.weight"])
+
+
+def test_both_encoders_fine_tune_under_one_config(tmp_path):
+    from attnlab.finetune.job import FinetuneJobConfig
+
+    s = study()
+    args = argparse.Namespace(lr=2e-4, steps=150, dropout=0.1)
+    data = {split: tmp_path / f"{split}.tsv" for split in ("train", "valid", "test")}
+    pre = s.finetune_config(Path("pre"), data, tmp_path / "a", 0, args)
+    rand = s.finetune_config(Path("rand"), data, tmp_path / "b", 0, args)
+    assert {k for k in pre if pre[k] != rand[k]} == {"model", "out_dir"}
+    job = FinetuneJobConfig.from_dict(pre)
+    assert job.dropout == 0.1 and job.recipe.max_steps == 150 and job.seeds == [0]
+
+
+def test_the_table_pairs_the_encoders_by_seed():
+    acc = {"pretrained": [0.70, 0.60, 0.65], "random": [0.60, 0.62, 0.55]}
+    runs = [{"init": init, "seed": seed, "test": {"accuracy": acc[init][seed]}} for seed in range(3)
+            for init in ("pretrained", "random")]
+    last = study().table(runs).strip().splitlines()[-1]
+    diffs = [p - r for p, r in zip(acc["pretrained"], acc["random"])]
+    assert last.startswith("| difference (paired by seed) | +0.100 | -0.020 | +0.100 |")
+    assert f"{statistics.mean(diffs):+.3f} | {statistics.stdev(diffs):.3f} |" in last
