@@ -9,7 +9,6 @@ import argparse
 import statistics
 from pathlib import Path
 
-import pytest
 import torch
 import yaml
 
