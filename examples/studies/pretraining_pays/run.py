@@ -1,10 +1,12 @@
-"""Does pretraining pay? A BERT-style encoder pretrained by masked LM on the Python documentation
-(`bert.yaml`: about an hour of one core), then fine-tuned on a real classification task — which
-Debian section a package belongs to, from its description (`debian-sections`: admin, games,
-graphics, net, science, sound, text, utils; 400 training descriptions each) — against an
-identical encoder with random weights, same steps, same settings, several seeds.
+"""Does pretraining pay? A BERT-style encoder pretrained by masked LM (`bert.yaml`: about an hour
+of one core) on the Python documentation or, in domain, on `debian-text`, then fine-tuned on a real
+classification task — which Debian section a package belongs to, from its description
+(`debian-sections`: admin, games, graphics, net, science, sound, text, utils; 50 labelled
+descriptions each by default) — against an identical encoder with random weights, same steps,
+same settings, several seeds.
 
-    python examples/studies/pretraining_pays/run.py                          # pretrain (or reuse), then fine-tune
+    python examples/studies/pretraining_pays/run.py --corpus debian-text --out runs/pretraining-pays-debian
+    python examples/studies/pretraining_pays/run.py                          # the Python-docs encoder
     python examples/studies/pretraining_pays/run.py --pretrained runs/bert-pretrain --seeds 0 1 2
 
 Everything goes through the command line users run: `attnlab train bert.yaml` for the encoder
@@ -114,11 +116,11 @@ def main() -> None:
     p.add_argument("--corpus", default="python-docs",
                    help="what the encoder is pretrained on (bert.yaml's python-docs, or debian-text: in-domain)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--steps", type=int, default=400, help="fine-tuning steps of 32 descriptions")
+    p.add_argument("--steps", type=int, default=150, help="fine-tuning steps of 32 descriptions")
     p.add_argument("--lr", type=float, default=2e-4, help="fine-tuning peak learning rate (both encoders)")
     p.add_argument("--dropout", type=float, default=0.1,
                    help="dropout while fine-tuning, both encoders (whatever the pretraining recipe used)")
-    p.add_argument("--per-section", type=int, default=400,
+    p.add_argument("--per-section", type=int, default=50,
                    help="labelled training descriptions per section (fewer: where pretraining should matter most)")
     args = p.parse_args()
     from attnlab.finetune.tasks import debian_sections
