@@ -6,9 +6,14 @@ the two by seed."""
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 
@@ -68,3 +73,18 @@ def test_the_table_pairs_the_encoders_by_seed():
     diffs = [p - r for p, r in zip(acc["pretrained"], acc["random"])]
     assert last.startswith("| difference (paired by seed) | +0.100 | -0.020 | +0.100 |")
     assert f"{statistics.mean(diffs):+.3f} | {statistics.stdev(diffs):.3f} |" in last
+
+
+@pytest.mark.slow
+def test_the_encoder_recipe_at_a_quarter_of_its_steps(tmp_path):
+    """bert.yaml on python-docs for 1,500 of its 6,000 steps (its own cosine, shortened): masked-token
+    accuracy on the held-out documents >= 27%. Measured with this command: 30.0% (18 minutes of one
+    core with native bf16; the shortened schedule did worse at step 1,500 than the full one, 35.2%);
+    the full recipe reaches 40.1% at step 2,000 and 53.2% at 6,000."""
+    run = tmp_path / "bert"
+    subprocess.run([sys.executable, "-m", "attnlab.cli.main", "train", str(STUDIES / "pretraining_pays" / "bert.yaml"),
+                    "--train.out_dir", str(run), "--train.max_steps", "1500"], check=True, timeout=3 * 3600,
+                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "val_mlm_accuracy" in line]
+    assert evals[-1]["step"] == 1500
+    assert evals[-1]["val_mlm_accuracy"] >= 0.27
