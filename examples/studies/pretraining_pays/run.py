@@ -23,7 +23,6 @@ runs' folders.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -32,15 +31,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from common import loadavg, read_json, write_json  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 PROMPT = "The [MASK] statement is used to import a module."
-
-
-def loadavg() -> list[float]:
-    try:
-        return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
-    except OSError:
-        return []
 
 
 def attnlab(*args: str) -> None:
@@ -86,9 +81,9 @@ def finetune(name: str, model: Path, data: dict[str, Path], seed: int, args: arg
     summary = out_dir / "summary.json"
     if not summary.exists():
         config = Path(args.out) / f"{name}-seed{seed}.json"
-        config.write_text(json.dumps(finetune_config(model, data, out_dir, seed, args), indent=2), encoding="utf-8")
+        write_json(config, finetune_config(model, data, out_dir, seed, args))
         attnlab("finetune", str(config))
-    result = json.loads(summary.read_text(encoding="utf-8"))
+    result = read_json(summary)
     return {"init": name, "seed": seed, "valid": result["valid"], "test": result["test"],
             "seconds": result.get("seconds")}
 
@@ -104,7 +99,7 @@ def table(runs: list[dict[str, Any]]) -> str:
                      f" | {statistics.mean(values):.3f} | {std:.3f} |")
     diffs = [p - r for p, r in zip(acc["pretrained"], acc["random"])]
     spread = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
-    lines.append(f"| difference (paired by seed) | " + " | ".join(f"{d:+.3f}" for d in diffs) +
+    lines.append("| difference (paired by seed) | " + " | ".join(f"{d:+.3f}" for d in diffs) +
                  f" | {statistics.mean(diffs):+.3f} | {spread:.3f} |")
     return "\n".join(lines) + "\n"
 
@@ -138,7 +133,7 @@ def main() -> None:
                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     report = {"args": vars(args), "runs": runs, "fill_mask": fill.stdout.strip() or fill.stderr.strip(),
               "seconds": round(time.perf_counter() - start, 1), "loadavg_start": load, "loadavg_end": loadavg()}
-    atomic_write_text(out / "results.json", json.dumps(report, indent=2) + "\n")
+    write_json(out / "results.json", report)
     text = table(runs)
     atomic_write_text(out / "results.md", text)
     print(text)
