@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import loadavg
+from machine import loadavg, peak_rss_mib
 
 SIDES = ("attnlab", "hf")
 SPECIAL = "<|endoftext|>"
@@ -66,15 +66,6 @@ def child(side: str, path: Path, vocab_size: int, merges_out: Path) -> None:
               "peak_mib": peak_rss_mib()}
     merges_out.write_text(json.dumps(merges), encoding="utf-8")
     print(json.dumps(result))
-
-
-def peak_rss_mib() -> float:
-    """This process's peak resident set so far (VmHWM), in MiB."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status (this benchmark needs Linux)")
 
 
 def run_child(side: str, path: Path, vocab_size: int, merges_out: Path) -> dict:

@@ -51,7 +51,7 @@ import sys
 import time
 import types
 
-from machine import loadavg
+from machine import loadavg, reset_peak_rss, status_bytes
 
 KERNELS = ("sdpa", "naive", "sliding_window", "longformer", "bigbird", "bigbird_r2", "linformer")
 PEERS = ("sdpa", "naive")  # dense, 10-100x slower: timed in their own processes, never in turns
@@ -74,14 +74,6 @@ def band_at(ref: str) -> types.ModuleType:
     module = types.ModuleType(f"band_at_{ref}")
     exec(compile(done.stdout, f"{ref}:{BAND}", "exec"), module.__dict__)
     return module
-
-
-def _status_bytes(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"{field} not found in /proc/self/status")
 
 
 def _attention(kernel: str, T: int):
@@ -142,13 +134,12 @@ def measure_one(kernel: str, T: int, repeat: int, threads: int | None = None) ->
     runs = repeat + (1 if T <= 8192 else 0)
     for i in range(runs):
         q.grad = k.grad = v.grad = None
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # reset VmHWM to the current resident set
-        before = _status_bytes("VmRSS")
+        reset_peak_rss()
+        before = status_bytes("VmRSS")
         start, start_cpu = time.perf_counter(), time.process_time()
         fn(q, k, v).backward(grad)
         elapsed, elapsed_cpu = time.perf_counter() - start, time.process_time() - start_cpu
-        peak = _status_bytes("VmHWM") - before
+        peak = status_bytes("VmHWM") - before
         if i or runs == repeat:
             times.append(elapsed)
             cpu.append(elapsed_cpu)

@@ -71,7 +71,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import loadavg
+from machine import loadavg, reset_peak_rss, status_bytes
 
 MIB = 2**20
 NEVER = 10**9  # log_every / eval_every / checkpoint_every: not during the measured steps
@@ -127,15 +127,6 @@ def run_config(s: dict, corpus: tuple[Path, Path], out: Path, nproc: int, parall
 
 
 # ---------------------------------------------------------------- what one rank measures
-def _status_bytes(field: str) -> int:
-    """A field of /proc/self/status (VmRSS, VmHWM) in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status (this benchmark needs Linux)")
-
-
 def _written() -> int:
     """Bytes this process has written so far (/proc/self/io wchar: files, pipes and sockets)."""
     with open("/proc/self/io") as f:
@@ -143,11 +134,6 @@ def _written() -> int:
             if line.startswith("wchar:"):
                 return int(line.split()[1])
     raise RuntimeError("no wchar in /proc/self/io (this benchmark needs Linux)")
-
-
-def _reset_peak_rss() -> None:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # VmHWM := VmRSS
 
 
 class StepClock:
@@ -254,12 +240,12 @@ class MemoryProbe:
 
     def reset(self) -> None:
         self.trimmed = _trim()
-        self._before = _status_bytes("VmRSS")  # after the last step, before the next: what persists
-        _reset_peak_rss()
+        self._before = status_bytes("VmRSS")  # after the last step, before the next: what persists
+        reset_peak_rss()
         self.saved.reset_peak()
 
     def __call__(self, info: dict) -> None:
-        self.rows.append({"rss_before_step": self._before, "rss_peak": _status_bytes("VmHWM"),
+        self.rows.append({"rss_before_step": self._before, "rss_peak": status_bytes("VmHWM"),
                           "activations_peak": self.saved.peak, **_tensor_counts(self.trainer)})
         self.reset()
 
@@ -294,9 +280,9 @@ def measure_rank(ctx, config: dict, warmup: int, steps: int, memory_steps: int) 
     from attnlab.parallel.mesh import MeshTraining  # code loaded before the baseline resident set
     from attnlab.training import TrainConfig, Trainer
 
-    rss_start = _status_bytes("VmRSS")
+    rss_start = status_bytes("VmRSS")
     trainer = Trainer(TrainConfig.from_dict(config), log=lambda text: None, show_progress=False, mesh=MeshTraining)
-    rss_init = _status_bytes("VmRSS")  # the data, the tokenizer and the model built, no step taken
+    rss_init = status_bytes("VmRSS")  # the data, the tokenizer and the model built, no step taken
     clock = StepClock()
     trainer.fit(stop_at=warmup + steps, on_step=clock)
     timed = [row for row in clock.steps if row[0] > warmup]

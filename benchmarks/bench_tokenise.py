@@ -37,16 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from machine import loadavg
-
-
-def peak_rss_mib() -> float:
-    """This process's peak resident set so far (VmHWM), in MiB."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status (this benchmark needs Linux)")
+from machine import loadavg, peak_rss_mib
 
 
 def child(workers: int, tokenizer_path: Path, corpus: Path, prefix: Path) -> None:

@@ -9,3 +9,27 @@ def loadavg() -> str:
             return " ".join(f.read().split()[:3])
     except OSError:
         return "n/a"
+
+
+def status_bytes(field: str) -> int:
+    """A field of /proc/self/status (VmRSS: resident now, VmHWM: its peak) in bytes.
+
+    Raises:
+        RuntimeError: no such field (not Linux): the memory figures need /proc.
+    """
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status (this benchmark needs Linux)")
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set so far (VmHWM), in MiB."""
+    return status_bytes("VmHWM") / 2**20
+
+
+def reset_peak_rss() -> None:
+    """Set VmHWM to the current resident set, so that the next reading is the peak from now."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
