@@ -5,7 +5,7 @@ and queries, BigBird's random blocks, dropout replay, and strided inputs."""
 import pytest
 import torch
 
-import attnlab.nn.kernels.band as band
+import attnlab.nn.kernels.band_tiles as band_tiles
 from attnlab.nn.kernels import attention_weights
 from attnlab.nn.kernels.band import band_attention
 from attnlab.nn.kernels.bigbird import bigbird_attention, bigbird_mask, bigbird_random_part, bigbird_table
@@ -36,7 +36,7 @@ def assert_same(out, ref, inputs, atol=ATOL):
 @pytest.fixture
 def tiny_chunks(monkeypatch):
     """One query tile per chunk, so small T crosses many chunk boundaries."""
-    monkeypatch.setattr(band, "CHUNK_ELEMENTS", 1)  # step = max(1, ...) = 1 tile
+    monkeypatch.setattr(band_tiles, "CHUNK_ELEMENTS", 1)  # step = max(1, ...) = 1 tile
     yield
 
 
@@ -60,7 +60,7 @@ def test_sliding_window_edges_equal_dense(tiny_chunks, T, causal, window):
 
 @pytest.mark.parametrize("chunk", [1, 1 << 19])
 def test_chunking_does_not_change_results(monkeypatch, chunk):
-    monkeypatch.setattr(band, "CHUNK_ELEMENTS", chunk)
+    monkeypatch.setattr(band_tiles, "CHUNK_ELEMENTS", chunk)
     q, k, v = qkv(1, 3, 203, seed=1)
     out = sliding_window_attention(q, k, v, window=21, causal=True, tile=16)
     assert_same(out, dense(q, k, v, window_mask(203, 21, causal=True)), (q, k, v))
@@ -172,7 +172,7 @@ def test_sliding_window_equals_dense_in_float64(monkeypatch, causal, T, window, 
     tile), windows a multiple of the tile and not, padding on both sides, chunk boundaries."""
     side = -(-window // tile)
     K = (side + 1 if causal else 2 * side + 1) * tile
-    monkeypatch.setattr(band, "CHUNK_ELEMENTS", tiles_per_chunk * tile * K)
+    monkeypatch.setattr(band_tiles, "CHUNK_ELEMENTS", tiles_per_chunk * tile * K)
     q, k, v = qkv(2, 2, T, D=16, seed=T + window, dtype=torch.float64)
     keep = key_padding(2, T, T // 5)
     out = sliding_window_attention(q, k, v, window=window, causal=causal, mask=keep[:, None, None, :], tile=tile)
@@ -199,7 +199,7 @@ def test_sliding_window_gradcheck(tiny_chunks, causal):
 def test_every_output_and_gradient_row_is_written(monkeypatch, causal, tiles_per_chunk):
     """The kernel writes out, dq, dk and dv into memory it never zeroes: fill every tensor it
     allocates uninitialised with NaN, and the results must still equal dense attention."""
-    monkeypatch.setattr(band, "CHUNK_ELEMENTS", tiles_per_chunk * 8 * 48)
+    monkeypatch.setattr(band_tiles, "CHUNK_ELEMENTS", tiles_per_chunk * 8 * 48)
     empty, new_empty, empty_like = torch.empty, torch.Tensor.new_empty, torch.empty_like
 
     def nan(x):
@@ -234,7 +234,7 @@ def test_band_mask_is_added_where_the_band_masks(window, tile, causal):
     """The band mask goes only onto its ragged edge columns: every column outside them is seen by
     every query of the tile, and a window that is a multiple of the tile has less than a tile of edge per side."""
     side = -(-window // tile)
-    lay = band._Layout(100, tile, side, window, causal, torch.ones(1, 100, dtype=torch.bool), torch.float32)
+    lay = band_tiles.Layout(100, tile, side, window, causal, torch.ones(1, 100, dtype=torch.bool), torch.float32)
     edged = torch.zeros(lay.K, dtype=torch.bool)
     for lo, hi in lay.edges:
         edged[lo:hi] = True
