@@ -8,6 +8,7 @@
 | `python-docs` | Debian `python3.11-doc` 3.11.2-6+deb12u8 | `_sources/**.rst.txt`; `howto/` valid   |
 | `libreoffice-de` (`-es -fr -it -nl -pt`) | Debian `libreoffice-l10n-de` 4:7.4.7-1+deb12u14 | UI strings English->de from the `.mo` catalogues; 1 in 20 English strings valid |
 | `debian-descriptions-de` | the Debian archive's `bookworm/main` `Translation-en` + `Translation-de` (fetched by apt) | English->German package descriptions paired by md5: synopses, and paragraphs where the counts agree; 1 in 20 descriptions valid |
+| `en-de` | the three files above | `de-en`'s and `debian-descriptions-de`'s pairs together, each held out as on its own |
 | `debian-sections` | `bookworm/main`'s `Packages` (amd64) + `Translation-en` | a description's synopsis and first paragraph -> its package's section (`text<TAB>section`); 1 in 10 descriptions valid |
 | `bible-en-es` | Debian `sword-text-web` 426.0-1 + `sword-text-sparv` 2.60-1 | English->Spanish verses (WEB -> Reina-Valera 1909); 1 in 30 verses valid |
 | `bible-en-es-books` | the same two packages | the same pairs; Ruth, Jonah, Philippians and James valid |
@@ -230,19 +231,27 @@ def _dictd_builder(extract_pairs: Callable[[str, bytes], list[tuple[str, str]]])
     """A builder of English->German pairs from dict-de-en: 1 in 20 pairs valid (seeded shuffle)."""
 
     def build(files: list[Path], out: Path) -> dict:
-        extract = out / "_deb"
-        run_tool(["dpkg-deb", "-x", str(files[0]), str(extract)], out, "unpack dict-de-en")
-        share = extract / "usr" / "share" / "dictd"
-        index = (share / "english-german.index").read_text(encoding="utf-8")
-        data = gzip.decompress((share / "english-german.dict.dz").read_bytes())
-        pairs = extract_pairs(index, data)
-        shutil.rmtree(extract)
-        random.Random(0).shuffle(pairs)
-        n_valid = max(1, len(pairs) // 20)
-        train = _write_pairs(out, pairs[n_valid:], pairs[:n_valid])
-        return {"train_pairs": len(train), "valid_pairs": n_valid, "source_language": "en", "target_language": "de"}
+        train, valid = _dictd_split(files[0], out, extract_pairs)
+        train = _write_pairs(out, train, valid)
+        return {"train_pairs": len(train), "valid_pairs": len(valid), "source_language": "en", "target_language": "de"}
 
     return build
+
+
+def _dictd_split(deb: Path, out: Path, extract_pairs: Callable[[str, bytes], list[tuple[str, str]]]
+                 ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(train, valid) pairs of the dict-de-en package `deb` (unpacked under `out`, then removed):
+    1 in 20 pairs valid, by a seeded shuffle; train not yet made disjoint from valid."""
+    extract = out / "_deb"
+    run_tool(["dpkg-deb", "-x", str(deb), str(extract)], out, "unpack dict-de-en")
+    share = extract / "usr" / "share" / "dictd"
+    index = (share / "english-german.index").read_text(encoding="utf-8")
+    data = gzip.decompress((share / "english-german.dict.dz").read_bytes())
+    pairs = extract_pairs(index, data)
+    shutil.rmtree(extract)
+    random.Random(0).shuffle(pairs)
+    n_valid = max(1, len(pairs) // 20)
+    return pairs[n_valid:], pairs[:n_valid]
 
 
 # ---------------------------------------------------------------- python-docs (Debian: python3.11-doc)
@@ -337,18 +346,38 @@ def _descriptions_builder(lang: str) -> Callable[[list[Path], Path], dict]:
     so no description is split across train and valid."""
 
     def build(files: list[Path], out: Path) -> dict:
-        from attnlab.data.debian import description_pairs, read_descriptions
-
-        english, other = read_descriptions(files[0]), read_descriptions(files[1])
-        pairs = description_pairs(english, other)
-        held = lambda md5: zlib.crc32(md5.encode("ascii")) % 20 == 0
-        valid = [(s, t) for md5, s, t in pairs if held(md5)]
-        train = _write_pairs(out, [(s, t) for md5, s, t in pairs if not held(md5)], valid)
-        return {"train_pairs": len(train), "valid_pairs": len(valid), "english_descriptions": len(english),
-                f"{lang}_descriptions": len(other), "paired_descriptions": len(english.keys() & other.keys()),
-                "source_language": "en", "target_language": lang}
+        train, valid, counts = _descriptions_split(files[0], files[1], lang)
+        train = _write_pairs(out, train, valid)
+        return {"train_pairs": len(train), "valid_pairs": len(valid), **counts, "source_language": "en",
+                "target_language": lang}
 
     return build
+
+
+def _descriptions_split(english_index: Path, other_index: Path, lang: str
+                        ) -> tuple[list[tuple[str, str]], list[tuple[str, str]], dict]:
+    """(train, valid, counts) of the English-><lang> description pairs of two Translation index
+    files: valid holds the pairs of 1 in 20 descriptions (by a hash of their md5); train not yet
+    made disjoint from valid."""
+    from attnlab.data.debian import description_pairs, read_descriptions
+
+    english, other = read_descriptions(english_index), read_descriptions(other_index)
+    pairs = description_pairs(english, other)
+    held = lambda md5: zlib.crc32(md5.encode("ascii")) % 20 == 0
+    counts = {"english_descriptions": len(english), f"{lang}_descriptions": len(other),
+              "paired_descriptions": len(english.keys() & other.keys())}
+    return ([(s, t) for md5, s, t in pairs if not held(md5)], [(s, t) for md5, s, t in pairs if held(md5)], counts)
+
+
+def _build_en_de(files: list[Path], out: Path) -> dict:
+    """`de-en` (Ding's sentence pairs) and `debian-descriptions-de` together, each split as on its
+    own; a sentence of either valid side is in no training pair, and a pair in both is kept once."""
+    ding_train, ding_valid = _dictd_split(files[0], out, dictd_sentence_pairs)
+    desc_train, desc_valid, counts = _descriptions_split(files[1], files[2], "de")
+    valid = list(dict.fromkeys(ding_valid + desc_valid))
+    train = _write_pairs(out, ding_train + desc_train, valid)
+    return {"train_pairs": len(train), "valid_pairs": len(valid), "ding_valid_pairs": len(ding_valid),
+            "descriptions_valid_pairs": len(desc_valid), **counts, "source_language": "en", "target_language": "de"}
 
 
 def _build_debian_sections(files: list[Path], out: Path) -> dict:
@@ -453,6 +482,11 @@ CORPORA: dict[str, Corpus] = {
         "debian-descriptions-de", "English->German Debian package descriptions (synopses and paragraphs, DDTP)",
         "pairs", tuple(Package(f"apt-index:bookworm/main/Translation-{lang}", DEBIAN_RELEASE, DEBIAN_TRANSLATIONS[lang])
                        for lang in ("en", "de")), "DFSG-free (the packages' own licences)", _descriptions_builder("de")),
+    "en-de": Corpus(
+        "en-de", "English->German: de-en's sentence pairs and debian-descriptions-de's together (~49k)", "pairs",
+        (DICT_DE_EN,) + tuple(Package(f"apt-index:bookworm/main/Translation-{lang}", DEBIAN_RELEASE,
+                                      DEBIAN_TRANSLATIONS[lang]) for lang in ("en", "de")),
+        "GPL-2+ (Ding) and DFSG-free (the packages' own licences)", _build_en_de),
     "debian-sections": Corpus(
         "debian-sections", "English Debian package descriptions labelled with their section (games, sound, ...)",
         "pairs", (Package("apt-index:bookworm/main/Packages-amd64", DEBIAN_RELEASE, (DEBIAN_PACKAGES_AMD64,)),
