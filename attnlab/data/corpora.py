@@ -371,10 +371,12 @@ def _descriptions_split(english_index: Path, other_index: Path, lang: str
 
 def _build_en_de(files: list[Path], out: Path) -> dict:
     """`de-en` (Ding's sentence pairs) and `debian-descriptions-de` together, each split as on its
-    own; a sentence of either valid side is in no training pair, and a pair in both is kept once."""
+    own; a sentence of either valid side is in no training pair, and a pair in both is kept once.
+    Valid is shuffled (seeded), so that its first n pairs mix the two parts in proportion."""
     ding_train, ding_valid = _dictd_split(files[0], out, dictd_sentence_pairs)
     desc_train, desc_valid, counts = _descriptions_split(files[1], files[2], "de")
     valid = list(dict.fromkeys(ding_valid + desc_valid))
+    random.Random(0).shuffle(valid)
     train = _write_pairs(out, ding_train + desc_train, valid)
     return {"train_pairs": len(train), "valid_pairs": len(valid), "ding_valid_pairs": len(ding_valid),
             "descriptions_valid_pairs": len(desc_valid), **counts, "source_language": "en", "target_language": "de"}

@@ -62,6 +62,7 @@ def test_en_de_is_de_en_and_the_descriptions_together(tmp_path, monkeypatch):
     assert ding["train"] and descriptions["train"]
     assert set(both["valid"]) == set(ding["valid"]) | set(descriptions["valid"])
     assert len(both["valid"]) == len(set(both["valid"]))
+    assert both["valid"] != ding["valid"] + descriptions["valid"]  # shuffled: a prefix mixes the two parts
     held = {sentence for pair in both["valid"] for sentence in pair}
     assert not held & {sentence for pair in both["train"] for sentence in pair}
     expected = {pair for pair in ding["train"] + descriptions["train"] if not set(pair) & held}
