@@ -20,22 +20,41 @@ def study():
     return load_study("translation")
 
 
-def test_the_recipe_is_trained_as_written(tmp_path):
+@pytest.mark.parametrize("corpus", ["bible-en-es", "bible-en-es-books", "en-de"])
+def test_the_recipe_is_trained_as_written(tmp_path, corpus):
     """run_config changes the corpus, the run folder and what the CPU-time clock replaces (step and
     minute limits, periodic evaluation and checkpoints); model, data, optimiser and schedule are
     the recipe's."""
     from attnlab.training import TrainConfig
 
     s = study()
-    recipe = yaml.safe_load(s.RECIPE.read_text(encoding="utf-8"))
-    got = s.run_config("bible-en-es-books", tmp_path / "run", s.RECIPE)
+    path = s.recipe(corpus, s.parse_args([]))
+    recipe = yaml.safe_load(path.read_text(encoding="utf-8"))
+    assert recipe["data"]["source"] == corpus.removesuffix("-books")  # the recipe names its own corpus
+    got = s.run_config(corpus, tmp_path / "run", path)
     TrainConfig.from_dict(got)  # a valid `attnlab train` config
     for section in ("model", "optim", "schedule"):
         assert got[section] == recipe[section]
-    assert got["data"] == {**recipe["data"], "source": "bible-en-es-books"}
+    assert got["data"] == {**recipe["data"], "source": corpus}
     changed = {k for k in recipe["train"] if got["train"][k] != recipe["train"][k]}
     assert changed <= {"out_dir", "max_minutes", "max_steps", "eval_every", "checkpoint_every", "keep_last"}
     assert got["train"]["out_dir"] == str(tmp_path / "run") and got["train"]["max_minutes"] is None
+
+
+def test_the_two_recipes_differ_only_in_their_corpus():
+    """EN->DE trains with the EN->ES settings: only the source, the run folder and the number of
+    validation batches (its held-out pairs) differ."""
+    s = study()
+    es, de = (yaml.safe_load(s.CORPORA[c][0].read_text(encoding="utf-8")) for c in ("bible-en-es", "en-de"))
+    assert es["model"] == de["model"] and es["optim"] == de["optim"] and es["schedule"] == de["schedule"]
+    assert {k for k in es["data"] if es["data"][k] != de["data"][k]} == {"source"}
+    assert {k for k in es["train"] if es["train"][k] != de["train"][k]} == {"out_dir", "eval_batches"}
+
+
+def test_recipe_flag_overrides_every_corpus(tmp_path):
+    s = study()
+    mine = tmp_path / "mine.yaml"
+    assert s.recipe("en-de", s.parse_args(["--recipe", str(mine)])) == mine
 
 
 @pytest.mark.slow

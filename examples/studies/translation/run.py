@@ -1,16 +1,18 @@
 """A translation model worth using: the English->Spanish recipe (`examples/translation_en_es.yaml`)
 trained for an hour of one CPU core on `bible-en-es` (1 in 30 verses held out) and, separately,
-on `bible-en-es-books` (four whole books held out: Ruth, Jonah, Philippians, James), each scored
-with beam search on everything its corpus holds out.
+on `bible-en-es-books` (four whole books held out: Ruth, Jonah, Philippians, James); the
+English->German recipe (`examples/translation_en_de.yaml`, the same settings) on `en-de` (1 in
+20 of Ding's sentences and of the Debian descriptions held out). Each is scored with beam search
+on everything its corpus holds out.
 
-    python examples/studies/translation/run.py                          # both corpora, 60 CPU minutes each
+    python examples/studies/translation/run.py                          # all three, 60 CPU minutes each
     python examples/studies/translation/run.py --marks 1 --out runs/quick --corpora bible-en-es
 
 Each corpus trains in its own one-thread process on the studies' CPU-time clock
 (examples/studies/common.py), saving the model at every mark (`OUT/<corpus>/marks/<m>min/`);
 each saved model is then decoded with `attnlab translate --num-beams 4` and scored with
 sacrebleu's BLEU and chrF (`attnlab.evaluation.bleu_chrf`). Apart from the data source, the run
-directory and the clock, the configuration is the recipe file's, unchanged.
+directory and the clock, the configuration is the corpus's recipe file's (or `--recipe`'s), unchanged.
 
 Outputs in --out: results.json, results.md (the table), bleu_vs_time.png, samples.md (held-out
 verses with their reference and the model's translation).
@@ -27,8 +29,18 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from common import cpu_clock_training, loadavg, read_json, run_workers, translate, write_json  # noqa: E402
 
-RECIPE = Path(__file__).resolve().parents[2] / "translation_en_es.yaml"
-CORPORA = {"bible-en-es": "held-out verses (1 in 30)", "bible-en-es-books": "held-out books (Ruth, Jonah, Philippians, James)"}
+EXAMPLES = Path(__file__).resolve().parents[2]
+# corpus -> (its recipe, what it holds out)
+CORPORA = {
+    "bible-en-es": (EXAMPLES / "translation_en_es.yaml", "EN->ES, held-out verses (1 in 30)"),
+    "bible-en-es-books": (EXAMPLES / "translation_en_es.yaml", "EN->ES, held-out books (Ruth, Jonah, Philippians, James)"),
+    "en-de": (EXAMPLES / "translation_en_de.yaml", "EN->DE, held-out pairs (1 in 20 Ding sentences and descriptions)"),
+}
+
+
+def recipe(corpus: str, args: argparse.Namespace) -> Path:
+    """The recipe `corpus` trains with: `--recipe` when given, else its own."""
+    return Path(args.recipe) if args.recipe else CORPORA[corpus][0]
 
 
 def run_config(corpus: str, run_dir: Path, recipe: Path) -> dict[str, Any]:
@@ -53,7 +65,7 @@ def worker(corpus: str, args: argparse.Namespace) -> None:
     from attnlab.evaluation import bleu_chrf
 
     run_dir = Path(args.out) / corpus
-    cpu_clock_training(run_config(corpus, run_dir, Path(args.recipe)), run_dir, sorted(args.marks), corpus)
+    cpu_clock_training(run_config(corpus, run_dir, recipe(corpus, args)), run_dir, sorted(args.marks), corpus)
     results = read_json(run_dir / "evaluation.json") or {}
     pairs = held_out(corpus)
     for m in sorted(args.marks):
@@ -76,15 +88,15 @@ def report(args: argparse.Namespace, seconds: float) -> str:
         clock = read_json(out / corpus / "clock.json") or {}
         evaluation = read_json(out / corpus / "evaluation.json") or {}
         table[corpus] = {m: {**clock.get("marks", {}).get(m, {}), **evaluation[m]} for m in evaluation}
-    series = {CORPORA[c]: ([float(m) for m in rows], [rows[m]["bleu"] for m in rows]) for c, rows in table.items() if rows}
+    series = {CORPORA[c][1]: ([float(m) for m in rows], [rows[m]["bleu"] for m in rows]) for c, rows in table.items() if rows}
     if series:
         plot_lines(series, out / "bleu_vs_time.png", xlabel="training time on one core (CPU minutes)",
-                   ylabel="BLEU (beam 4)", title="English->Spanish, translation_en_es.yaml")
+                   ylabel="BLEU (beam 4)", title="translation_en_es.yaml / translation_en_de.yaml")
     lines = ["| held out | " + " | ".join(f"{m} min: steps / BLEU / chrF" for m in marks) + " |",
              "|---|" + "---|" * len(marks)]
     for corpus, rows in table.items():
         cells = [f"{r['step']} / {r['bleu']:.2f} / {r['chrf']:.1f}" if (r := rows.get(str(m))) else "-" for m in marks]
-        lines.append(f"| {CORPORA[corpus]} | " + " | ".join(cells) + " |")
+        lines.append(f"| {CORPORA[corpus][1]} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + f"\n\nthis invocation {seconds:.0f} s wall-clock, load average at the end {loadavg()}\n"
     samples = ["| source | reference | translation |", "|---|---|---|"]
     for corpus, rows in table.items():
@@ -101,7 +113,8 @@ def report(args: argparse.Namespace, seconds: float) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/translation-study")
-    p.add_argument("--recipe", default=str(RECIPE), help="the attnlab train config (YAML) to train")
+    p.add_argument("--recipe", default=None, help="an attnlab train config (YAML) for every corpus (default: each "
+                   "corpus's own, translation_en_es.yaml or translation_en_de.yaml)")
     p.add_argument("--corpora", nargs="+", default=list(CORPORA), choices=list(CORPORA))
     p.add_argument("--marks", type=float, nargs="+", default=[15, 30, 45, 60],
                    help="CPU minutes of training at which the model is saved and scored (the last is the budget)")
@@ -118,7 +131,9 @@ def main() -> None:
         worker(args.worker, args)
         return
     start = time.perf_counter()
-    base = [sys.executable, __file__, "--out", args.out, "--recipe", args.recipe, "--marks", *map(str, args.marks)]
+    base = [sys.executable, __file__, "--out", args.out, "--marks", *map(str, args.marks)]
+    if args.recipe:
+        base += ["--recipe", args.recipe]
     run_workers({corpus: base + ["--worker", corpus] for corpus in args.corpora}, args.jobs,
                 before=lambda corpus: (Path(args.out) / corpus).mkdir(parents=True, exist_ok=True))
     print(report(args, time.perf_counter() - start))
