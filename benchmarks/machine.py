@@ -1,4 +1,7 @@
-"""What the benchmarks record about the machine beside their timings."""
+"""What the benchmarks record about the machine beside their timings: the load, memory
+readings, and the matmul peak that model-FLOPs utilisation is measured against."""
+
+import time
 
 
 def loadavg() -> str:
@@ -33,3 +36,30 @@ def reset_peak_rss() -> None:
     """Set VmHWM to the current resident set, so that the next reading is the peak from now."""
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
+
+
+def matmul_peak(n: int = 2048, reps: int = 5, dtype=None) -> float:
+    """FLOP/s of the fastest of `reps` (n, n) x (n, n) products in `dtype` (default float32)."""
+    import torch
+
+    dtype = dtype or torch.float32
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t)
+    return 2 * n ** 3 / min(times)
+
+
+PEAKS = {"fp32": 0.0, "bf16": 0.0}
+
+
+def sample_peaks(n: int = 1024) -> None:
+    """Matmul peaks (fp32, bf16) sampled between steps and kept as the maximum in PEAKS (a
+    shared machine's load varies)."""
+    import torch
+
+    PEAKS["fp32"] = max(PEAKS["fp32"], matmul_peak(n, 3))
+    PEAKS["bf16"] = max(PEAKS["bf16"], matmul_peak(n, 3, torch.bfloat16))

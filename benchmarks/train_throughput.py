@@ -26,7 +26,7 @@ from contextlib import nullcontext
 
 import torch
 
-from machine import loadavg
+from machine import PEAKS, loadavg, sample_peaks
 
 
 def attnlab_model(vocab: int, T: int):
@@ -70,30 +70,10 @@ def make_step(kind: str, model, precision: str, hf_optimizer: str = "fused"):
     return step
 
 
-def matmul_peak(n: int = 2048, reps: int = 5, dtype=torch.float32) -> float:
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    a @ b
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - t)
-    return 2 * n ** 3 / min(times)
-
-
 def model_flops_per_token(n_params_no_embed: int, vocab: int, d: int, L: int, T: int) -> float:
     # forward + backward = 3 x forward; forward = 2 (N + V d) per token + attention 2 * 2 L T d (causal halves it;
     # counted whole, as in the usual MFU convention)
     return 6 * (n_params_no_embed + vocab * d) + 12 * L * T * d
-
-
-PEAKS = {"fp32": 0.0, "bf16": 0.0}
-
-
-def sample_peaks(n: int = 1024) -> None:
-    """Matmul peak, sampled between steps and kept as the maximum (a shared machine's load varies)."""
-    PEAKS["fp32"] = max(PEAKS["fp32"], matmul_peak(n, 3))
-    PEAKS["bf16"] = max(PEAKS["bf16"], matmul_peak(n, 3, torch.bfloat16))
 
 
 def run(vocab: int, steps: int, warmup: int, T: int, B: int, pairs: list[tuple[str, str]],
@@ -171,7 +151,6 @@ def main() -> None:
         print(json.dumps(r), flush=True)
     results["matmul_peak_fp32_flops"], results["matmul_peak_bf16_flops"] = PEAKS["fp32"], PEAKS["bf16"]
     print(json.dumps(results, indent=1))
-
 
 
 if __name__ == "__main__":
