@@ -5,7 +5,7 @@ import zipfile
 
 import pytest
 
-from attnlab.data import corpora
+from attnlab.data import corpora, dictd
 from attnlab.io.cache import sha256_file
 
 
@@ -18,7 +18,7 @@ def test_strip_play_markdown():
 def _b64(n: int) -> str:
     digits = ""
     while True:
-        digits = corpora._B64[n % 64] + digits
+        digits = dictd._B64[n % 64] + digits
         n //= 64
         if not n:
             return digits
@@ -29,7 +29,7 @@ def test_dictd_sentence_pairs_keeps_full_sentences():
                "eel\n\n   Aal {m} [zool.]\n",
                "We have a big surprise.\n\n   Wir haben eine große Überraschung. {f}; Eine andere.\n",
                "Is it raining?\n (weather)\n   Regnet es?\n"]
-    pairs = corpora.dictd_sentence_pairs(*_dictd(entries))
+    pairs = dictd.dictd_sentence_pairs(*_dictd(entries))
     assert pairs == sorted([("My nose is bleeding.", "Mir blutet die Nase."),
                             ("We have a big surprise.", "Wir haben eine große Überraschung."),
                             ("Is it raining?", "Regnet es?")])
@@ -53,7 +53,7 @@ def test_dictd_lexicon_pairs_keeps_words_and_phrases_with_their_first_translatio
                           "eel\n\n   Flussaal {m}\n",                              # a second entry: first wins
                           "OK\n\n   OK\n",                                           # translation = headword
                           "42\n\n   zweiundvierzig\n"])                              # no letters
-    assert corpora.dictd_lexicon_pairs(index, data) == [("be a slog", "schwierig sein"), ("eel", "Aal"),
+    assert dictd.dictd_lexicon_pairs(index, data) == [("be a slog", "schwierig sein"), ("eel", "Aal"),
                                                         ("lifetime", "Lebenszeit")]
 
 
