@@ -57,6 +57,31 @@ def test_recipe_flag_overrides_every_corpus(tmp_path):
     assert s.recipe("en-de", s.parse_args(["--recipe", str(mine)])) == mine
 
 
+def test_en_de_is_scored_by_part_and_other_corpora_whole(monkeypatch):
+    """en-de's held-out pairs split into Ding's (those of de-en's held-out side) and the rest."""
+    s = study()
+    ding = [("It rains.", "Es regnet."), ("I am here.", "Ich bin hier.")]
+    monkeypatch.setattr(s, "held_out", lambda corpus: ding if corpus == "de-en" else [])
+    pairs = [("a package", "ein Paket"), ding[1], ("a library", "eine Bibliothek"), ding[0]]
+    assert s.parts("en-de", pairs) == {"ding": [1, 3], "descriptions": [0, 2]}
+    assert s.parts("bible-en-es", pairs) == {}
+
+
+def test_the_report_has_a_row_per_part(tmp_path):
+    s = study()
+    args = s.parse_args(["--out", str(tmp_path), "--corpora", "en-de", "--marks", "15", "30"])
+    row = lambda bleu: {"bleu": bleu, "chrf": 2 * bleu, "sentences": 3}
+    evaluation = {"15": {**row(5.0), "by_part": {"ding": row(1.0), "descriptions": row(7.0)}},
+                  "30": {**row(9.0), "by_part": {"ding": row(2.0), "descriptions": row(12.0)}}}
+    clock = {"marks": {"15": {"step": 100}, "30": {"step": 200}}}
+    (tmp_path / "en-de").mkdir()
+    s.write_json(tmp_path / "en-de" / "evaluation.json", {m: {**r, "samples": []} for m, r in evaluation.items()})
+    s.write_json(tmp_path / "en-de" / "clock.json", clock)
+    text = s.report(args, 0.0)
+    assert "| of which ding (3) | 100 / 1.00 / 2.0 | 200 / 2.00 / 4.0 |" in text
+    assert "| of which descriptions (3) | 100 / 7.00 / 14.0 | 200 / 12.00 / 24.0 |" in text
+
+
 @pytest.mark.slow
 def test_bleu_20_on_held_out_verses_within_half_the_budget(tmp_path):
     """The study's goal (BLEU >= 20 on held-out bible-en-es verses within an hour of one core) at

@@ -60,6 +60,16 @@ def held_out(corpus: str) -> list[tuple[str, str]]:
     return [tuple(line.split("\t")[:2]) for line in path.read_text(encoding="utf-8").splitlines() if "\t" in line]
 
 
+def parts(corpus: str, pairs: list[tuple[str, str]]) -> dict[str, list[int]]:
+    """The held-out pairs of a corpus made of two (en-de: Ding's example sentences and the Debian
+    descriptions) by where they come from, as indices into `pairs`; {} for a corpus of one kind."""
+    if corpus != "en-de":
+        return {}
+    ding = set(held_out("de-en"))
+    return {"ding": [i for i, p in enumerate(pairs) if p in ding],
+            "descriptions": [i for i, p in enumerate(pairs) if p not in ding]}
+
+
 def worker(corpus: str, args: argparse.Namespace) -> None:
     """Train on `corpus` to every mark, then score each saved model."""
     from attnlab.evaluation import bleu_chrf
@@ -72,7 +82,10 @@ def worker(corpus: str, args: argparse.Namespace) -> None:
         if str(m) not in results:
             cpu0, load = time.process_time(), loadavg()
             hyps = translate(run_dir / "marks" / f"{m}min", [s for s, _ in pairs], run_dir)
+            by_part = {name: {**bleu_chrf([hyps[i] for i in idx], [pairs[i][1] for i in idx]), "sentences": len(idx)}
+                       for name, idx in parts(corpus, pairs).items()}
             results[str(m)] = {**bleu_chrf(hyps, [t for _, t in pairs]), "sentences": len(pairs),
+                               **({"by_part": by_part} if by_part else {}),
                                "eval_cpu_seconds": round(time.process_time() - cpu0, 1), "eval_loadavg": load,
                                "samples": [[s, t, h] for (s, t), h in list(zip(pairs, hyps))[:: max(1, len(pairs) // 8)]]}
             write_json(run_dir / "evaluation.json", results)
@@ -97,6 +110,11 @@ def report(args: argparse.Namespace, seconds: float) -> str:
     for corpus, rows in table.items():
         cells = [f"{r['step']} / {r['bleu']:.2f} / {r['chrf']:.1f}" if (r := rows.get(str(m))) else "-" for m in marks]
         lines.append(f"| {CORPORA[corpus][1]} | " + " | ".join(cells) + " |")
+        for part in dict.fromkeys(name for r in rows.values() for name in r.get("by_part", {})):
+            cells = [f"{r['step']} / {p['bleu']:.2f} / {p['chrf']:.1f}"
+                     if (r := rows.get(str(m))) and (p := r.get("by_part", {}).get(part)) else "-" for m in marks]
+            sentences = next(r["by_part"][part]["sentences"] for r in rows.values() if part in r.get("by_part", {}))
+            lines.append(f"| of which {part} ({sentences}) | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + f"\n\nthis invocation {seconds:.0f} s wall-clock, load average at the end {loadavg()}\n"
     samples = ["| source | reference | translation |", "|---|---|---|"]
     for corpus, rows in table.items():
@@ -119,6 +137,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--marks", type=float, nargs="+", default=[15, 30, 45, 60],
                    help="CPU minutes of training at which the model is saved and scored (the last is the budget)")
     p.add_argument("--jobs", type=int, default=2, help="corpora trained at once, one thread each")
+    p.add_argument("--report-only", action="store_true",
+                   help="write the table, plot and samples from what OUT holds, training and scoring nothing")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.marks = [int(m) if float(m).is_integer() else m for m in args.marks]
@@ -134,8 +154,9 @@ def main() -> None:
     base = [sys.executable, __file__, "--out", args.out, "--marks", *map(str, args.marks)]
     if args.recipe:
         base += ["--recipe", args.recipe]
-    run_workers({corpus: base + ["--worker", corpus] for corpus in args.corpora}, args.jobs,
-                before=lambda corpus: (Path(args.out) / corpus).mkdir(parents=True, exist_ok=True))
+    if not args.report_only:
+        run_workers({corpus: base + ["--worker", corpus] for corpus in args.corpora}, args.jobs,
+                    before=lambda corpus: (Path(args.out) / corpus).mkdir(parents=True, exist_ok=True))
     print(report(args, time.perf_counter() - start))
 
 
