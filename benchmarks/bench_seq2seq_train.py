@@ -58,6 +58,7 @@ class TorchSeq2Seq(nn.Module):
     def __init__(self, vocab: int, d: int, layers: int, heads: int, d_ff: int, activation, max_len: int = 512):
         super().__init__()
         self.embed = nn.Embedding(vocab, d)
+        nn.init.normal_(self.embed.weight, std=0.02)  # Marian's init_std: N(0, 1) rows make logits in the hundreds
         self.core = nn.Transformer(d, heads, layers, layers, d_ff, dropout=0.0, activation=activation,
                                    batch_first=True)
         pos = torch.arange(max_len)[:, None] * torch.exp(torch.arange(0, d, 2) * (-math.log(10000.0) / d))
