@@ -39,16 +39,15 @@ from machine import PEAKS, loadavg, sample_peaks
 SIDES = ("attnlab", "marian", "nn_transformer")
 
 
-def marian(vocab: int, d: int, layers: int, heads: int, d_ff: int):
-    from transformers import MarianConfig, MarianMTModel
+def marian_config(vocab: int, d: int, layers: int, heads: int, d_ff: int):
+    from transformers import MarianConfig
 
-    cfg = MarianConfig(vocab_size=vocab, decoder_vocab_size=vocab, d_model=d, encoder_layers=layers,
-                       decoder_layers=layers, encoder_attention_heads=heads, decoder_attention_heads=heads,
-                       encoder_ffn_dim=d_ff, decoder_ffn_dim=d_ff, dropout=0.0, attention_dropout=0.0,
-                       activation_dropout=0.0, max_position_embeddings=512, pad_token_id=vocab - 1,
-                       decoder_start_token_id=vocab - 1, eos_token_id=0, share_encoder_decoder_embeddings=True,
-                       attn_implementation="sdpa")
-    return MarianMTModel(cfg)
+    return MarianConfig(vocab_size=vocab, decoder_vocab_size=vocab, d_model=d, encoder_layers=layers,
+                        decoder_layers=layers, encoder_attention_heads=heads, decoder_attention_heads=heads,
+                        encoder_ffn_dim=d_ff, decoder_ffn_dim=d_ff, dropout=0.0, attention_dropout=0.0,
+                        activation_dropout=0.0, max_position_embeddings=512, pad_token_id=vocab - 1,
+                        decoder_start_token_id=vocab - 1, eos_token_id=0, share_encoder_decoder_embeddings=True,
+                        attn_implementation="sdpa")
 
 
 class TorchSeq2Seq(nn.Module):
@@ -81,13 +80,15 @@ def build(side: str, args: argparse.Namespace):
     from attnlab.interop import from_hf
     from attnlab.training.steps import batch_loss
 
-    hf_model = marian(args.vocab, args.d_model, args.layers, args.heads, args.d_ff)
+    from transformers import MarianMTModel
+
+    config = marian_config(args.vocab, args.d_model, args.layers, args.heads, args.d_ff)
     if side == "attnlab":
-        model = from_hf(hf_model)
+        model = from_hf(MarianMTModel(config))
     elif side == "marian":
-        model = hf_model
-    else:
-        act = hf_model.config.activation_function
+        model = MarianMTModel(config)
+    else:  # the same sizes and activation; no Marian built only to read them
+        act = config.activation_function
         model = TorchSeq2Seq(args.vocab, args.d_model, args.layers, args.heads, args.d_ff,
                              F.silu if act in ("swish", "silu") else act)
     model.train()
