@@ -54,6 +54,9 @@ def test_the_two_recipes_differ_only_in_their_corpus():
 def test_recipe_flag_overrides_every_corpus(tmp_path):
     s = study()
     mine = tmp_path / "mine.yaml"
+    with pytest.raises(SystemExit):  # a recipe that is not there is refused before anything trains
+        s.parse_args(["--recipe", str(mine)])
+    mine.write_text("model: {}\n", encoding="utf-8")
     assert s.recipe("en-de", s.parse_args(["--recipe", str(mine)])) == mine
 
 

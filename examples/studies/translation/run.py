@@ -141,6 +141,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="write the table, plot and samples from what OUT holds, training and scoring nothing")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.recipe and not Path(args.recipe).is_file():
+        p.error(f"--recipe: no such file: {args.recipe}")
     args.marks = [int(m) if float(m).is_integer() else m for m in args.marks]
     return args
 
