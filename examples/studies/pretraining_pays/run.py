@@ -8,6 +8,7 @@ same settings, several seeds.
     python examples/studies/pretraining_pays/run.py --corpus debian-text --out runs/pretraining-pays-debian
     python examples/studies/pretraining_pays/run.py                          # the Python-docs encoder
     python examples/studies/pretraining_pays/run.py --pretrained runs/bert-pretrain --seeds 0 1 2
+    python examples/studies/pretraining_pays/run.py --corpus debian-text --pretrain-steps 1500   # a reduced budget
 
 Everything goes through the command line users run: `attnlab train bert.yaml` for the encoder
 (skipped when `--pretrained` names a finished run; an interrupted one is resumed), `attnlab
@@ -44,12 +45,15 @@ def attnlab(*args: str) -> None:
                    env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
-def pretrain(out: Path, pretrained: str | None, corpus: str) -> Path:
+def pretrain(out: Path, pretrained: str | None, corpus: str, steps: int | None = None) -> Path:
+    """The encoder: `pretrained` as given, else bert.yaml trained on `corpus` in out/pretrain
+    (resumed when interrupted); `steps` shortens its schedule (the cosine ends there)."""
     if pretrained:
         return Path(pretrained)
     run = out / "pretrain"
+    shorter = ["--train.max_steps", str(steps)] if steps else []
     resume = ["--resume", str(run)] if (run / "checkpoints").exists() else [
-        str(HERE / "bert.yaml"), "--train.out_dir", str(run), "--data.source", corpus]
+        str(HERE / "bert.yaml"), "--train.out_dir", str(run), "--data.source", corpus, *shorter]
     attnlab("train", *resume)
     return run
 
@@ -110,6 +114,8 @@ def main() -> None:
     p.add_argument("--pretrained", default=None, help="a finished `attnlab train bert.yaml` run (else one is trained)")
     p.add_argument("--corpus", default="python-docs",
                    help="what the encoder is pretrained on (bert.yaml's python-docs, or debian-text: in-domain)")
+    p.add_argument("--pretrain-steps", type=int, default=None,
+                   help="shorten bert.yaml's 6,000 steps (its cosine ends there): a reduced budget")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=150, help="fine-tuning steps of 32 descriptions")
     p.add_argument("--lr", type=float, default=2e-4, help="fine-tuning peak learning rate (both encoders)")
@@ -124,7 +130,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start, load = time.perf_counter(), loadavg()
-    pretrained = pretrain(out, args.pretrained, args.corpus)
+    pretrained = pretrain(out, args.pretrained, args.corpus, args.pretrain_steps)
     data = debian_sections(out / "data", seed=0, n_train=args.per_section)
     models = {"pretrained": pretrained, "random": random_twin(pretrained, out)}
     runs = [finetune(name, model, data, seed, args) for seed in args.seeds for name, model in models.items()]
