@@ -2,7 +2,7 @@
 the small file helpers. A study's run.py imports it with its own folder's parent on sys.path:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from common import cpu_clock_training, loadavg, read_json, run_workers, shared_tokenizer, write_json
+    from common import cpu_clock_training, cpu_time, loadavg, read_json, run_workers, shared_tokenizer, write_json
 
 The clock is the training process's CPU time (evaluations excluded), one torch thread per
 process: on an idle core it equals wall-clock, and on a machine shared with other work it still
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -27,6 +28,13 @@ def loadavg() -> list[float]:
         return [float(x) for x in Path("/proc/loadavg").read_text().split()[:3]]
     except OSError:
         return []
+
+
+def cpu_time() -> float:
+    """CPU seconds of this process plus its finished children (an evaluation that runs `attnlab
+    translate` in a child process counts the child's time too)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def read_json(path: Path) -> Any:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import cpu_clock_training, loadavg, read_json, run_workers, shared_tokenizer, translate, write_json  # noqa: E402
+from common import cpu_clock_training, cpu_time, loadavg, read_json, run_workers, shared_tokenizer, translate, write_json  # noqa: E402
 
 D = 256  # embedding width of every model
 
@@ -141,11 +141,11 @@ def evaluate(name: str, args: argparse.Namespace) -> None:
         if str(m) in results:
             continue
         folder = run_dir / "marks" / f"{m}min"
-        cpu0, load = time.process_time(), loadavg()
+        cpu0, load = cpu_time(), loadavg()
         hyps = translate(folder, [s for s, _ in pairs], run_dir)
         scores = bleu_chrf(hyps, [t for _, t in pairs])
         results[str(m)] = {"val_loss": validation_loss(folder, valid_pairs(args.corpus)), **scores,
-                           "eval_cpu_seconds": round(time.process_time() - cpu0, 1), "eval_loadavg": load,
+                           "eval_cpu_seconds": round(cpu_time() - cpu0, 1), "eval_loadavg": load,
                            "sample": hyps[:3]}
         write_json(run_dir / "evaluation.json", results)
 

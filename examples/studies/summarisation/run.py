@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import cpu_clock_training, loadavg, read_json, run_workers, shared_tokenizer, write_json  # noqa: E402
+from common import cpu_clock_training, cpu_time, loadavg, read_json, run_workers, shared_tokenizer, write_json  # noqa: E402
 
 D = 256  # width of every model
 CORPUS = "debian-summaries"
@@ -185,11 +185,11 @@ def evaluate(name: str, args: argparse.Namespace) -> None:
     pairs = valid_pairs(args.rouge_docs)
     for m in pending:
         model, tok = attnlab.load(run_dir / "marks" / f"{m}min", with_tokenizer=True)
-        cpu0, load = time.process_time(), loadavg()
+        cpu0, load = cpu_time(), loadavg()
         scores = summary_perplexity(model, pipeline, args.val_pairs)
         summaries = summarise(model, tok, [d for d, _ in pairs], num_beams=args.num_beams)
         scores.update(rouge(summaries, [s for _, s in pairs]))
-        results[str(m)] = {**scores, "eval_cpu_seconds": round(time.process_time() - cpu0, 1),
+        results[str(m)] = {**scores, "eval_cpu_seconds": round(cpu_time() - cpu0, 1),
                            "eval_loadavg": load, "sample": summaries[:5]}
         write_json(run_dir / "evaluation.json", results)
 

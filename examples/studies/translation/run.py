@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import cpu_clock_training, loadavg, read_json, run_workers, translate, write_json  # noqa: E402
+from common import cpu_clock_training, cpu_time, loadavg, read_json, run_workers, translate, write_json  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2]
 # corpus -> (its recipe, what it holds out)
@@ -80,13 +80,13 @@ def worker(corpus: str, args: argparse.Namespace) -> None:
     pairs = held_out(corpus)
     for m in sorted(args.marks):
         if str(m) not in results:
-            cpu0, load = time.process_time(), loadavg()
+            cpu0, load = cpu_time(), loadavg()
             hyps = translate(run_dir / "marks" / f"{m}min", [s for s, _ in pairs], run_dir)
             by_part = {name: {**bleu_chrf([hyps[i] for i in idx], [pairs[i][1] for i in idx]), "sentences": len(idx)}
                        for name, idx in parts(corpus, pairs).items()}
             results[str(m)] = {**bleu_chrf(hyps, [t for _, t in pairs]), "sentences": len(pairs),
                                **({"by_part": by_part} if by_part else {}),
-                               "eval_cpu_seconds": round(time.process_time() - cpu0, 1), "eval_loadavg": load,
+                               "eval_cpu_seconds": round(cpu_time() - cpu0, 1), "eval_loadavg": load,
                                "samples": [[s, t, h] for (s, t), h in list(zip(pairs, hyps))[:: max(1, len(pairs) // 8)]]}
             write_json(run_dir / "evaluation.json", results)
 
