@@ -230,7 +230,8 @@ def download_apt_index(spec: str, into: str | os.PathLike, what: str) -> Path:
     actual = fields.get("Version", "unknown")
     if version and actual != version:
         raise VersionUnavailable(f"the archive's {suite} is at point release {actual}, not {version}")
-    pattern = f"*_dists_{suite}_{component}_i18n_{index}" if kind == "Translation" else \
+    # apt names a list file after its URI with "_" escaped as "%5f" (Translation-zh_CN -> Translation-zh%5fCN)
+    pattern = f"*_dists_{suite}_{component}_i18n_{index.replace('_', '%5f')}" if kind == "Translation" else \
         f"*_dists_{suite}_{component}_binary-{variant}_Packages"
     found = sorted(lists.glob(pattern))
     if not found:

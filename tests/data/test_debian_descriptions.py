@@ -3,6 +3,7 @@ here) parsed, paired by Description-md5, split by description with no valid sent
 
 import json
 import zlib
+from pathlib import Path
 
 import pytest
 
@@ -236,3 +237,21 @@ def test_debian_text_drops_a_training_copy_of_a_held_out_headline(tmp_path, monk
     folder = _fetch_from(monkeypatch, tmp_path, "debian-text", ENGLISH + "\n" + copy)
     train = (folder / "train.txt").read_text(encoding="utf-8")
     assert "Archiver" not in train and "zlib" in train
+
+
+def test_a_language_with_an_underscore_is_found_under_apt_escaped_name(tmp_path, monkeypatch):
+    """apt stores Translation-zh_CN as `..._i18n_Translation-zh%5fCN` (its URI with "_" escaped):
+    the index is found under that name and handed back as Translation-zh_CN."""
+    from attnlab.io import downloads
+
+    def fake_apt(cmd, into, what, **kwargs):  # what `apt-get update` leaves in Dir::State::Lists
+        lists = Path(next(c for c in cmd if c.startswith("Dir::State::Lists=")).partition("=")[2])
+        (lists / "deb.debian.org_debian_dists_bookworm_InRelease").write_text("Version: 12.15\n", encoding="utf-8")
+        (lists / "deb.debian.org_debian_dists_bookworm_main_i18n_Translation-zh%5fCN").write_text(
+            "Package: 0ad\nDescription-md5: d943033bedada21853d2ae54a2578a7b\nDescription-zh_CN: 古代战争\n",
+            encoding="utf-8")
+
+    monkeypatch.setattr(downloads, "run_tool", fake_apt)
+    path = download_apt_index("bookworm/main/Translation-zh_CN=12.15", tmp_path, "test")
+    assert path.name == "Translation-zh_CN_12.15_bookworm-main.index"
+    assert "古代战争" in path.read_text(encoding="utf-8")
