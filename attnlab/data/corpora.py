@@ -9,6 +9,7 @@
 | `libreoffice-de` (`-es -fr -it -nl -pt`) | Debian `libreoffice-l10n-de` 4:7.4.7-1+deb12u14 | UI strings English->de from the `.mo` catalogues; 1 in 20 English strings valid |
 | `debian-descriptions-de` | the Debian archive's `bookworm/main` `Translation-en` + `Translation-de` (fetched by apt) | English->German package descriptions paired by md5: synopses, and paragraphs where the counts agree; 1 in 20 descriptions valid |
 | `en-de` | the three files above | `de-en`'s and `debian-descriptions-de`'s pairs together, each held out as on its own |
+| `debian-text` (`-ja`) | `bookworm/main`'s `Translation-en` (`Translation-ja`) | every package description in English (Japanese) as a document; 1 in 10 descriptions valid, the ones `debian-sections` holds out |
 | `debian-sections` | `bookworm/main`'s `Packages` (amd64) + `Translation-en` | a description's synopsis and first paragraph -> its package's section (`text<TAB>section`); 1 in 10 descriptions valid |
 | `bible-en-es` | Debian `sword-text-web` 426.0-1 + `sword-text-sparv` 2.60-1 | English->Spanish verses (WEB -> Reina-Valera 1909); 1 in 30 verses valid |
 | `bible-en-es-books` | the same two packages | the same pairs; Ruth, Jonah, Philippians and James valid |
@@ -349,24 +350,29 @@ def _build_debian_summaries(files: list[Path], out: Path) -> dict:
             "max_document_words": words[-1]}
 
 
-def _build_debian_text(files: list[Path], out: Path) -> dict:
-    """Every English package description as a document (synopsis, then the paragraphs, one per
-    line); valid: 1 in 10 descriptions by the hash `debian-sections` holds out with, so a model
-    pretrained on train.txt has read none of that task's valid or test texts (a training
-    description whose synopsis and first paragraph equal a held-out one's is dropped too)."""
-    from attnlab.data.debian import headline, read_descriptions
+def _debian_text_builder(lang: str) -> Callable[[list[Path], Path], dict]:
+    """Every package description of the Translation-<lang> index as a document (synopsis, then
+    the paragraphs, one per line); valid: 1 in 10 descriptions by the hash `debian-sections` holds
+    out with (the md5 names the English original in every language), so a model pretrained on
+    train.txt has read none of that task's valid or test texts (a training description whose
+    synopsis and first paragraph equal a held-out one's is dropped too)."""
 
-    descriptions = read_descriptions(files[0])
-    held = {md5 for md5 in descriptions if zlib.crc32(md5.encode("ascii")) % 10 == 0}
-    held_headlines = {headline(descriptions[md5]) for md5 in held}
-    document = lambda d: "\n".join([d.synopsis, *d.paragraphs])
-    valid = list(dict.fromkeys(document(d) for md5, d in descriptions.items() if md5 in held))
-    train = list(dict.fromkeys(document(d) for md5, d in descriptions.items()
-                               if md5 not in held and headline(d) not in held_headlines))
-    (out / "train.txt").write_text(DOC_SEPARATOR.join(train) + "\n", encoding="utf-8")
-    (out / "valid.txt").write_text(DOC_SEPARATOR.join(valid) + "\n", encoding="utf-8")
-    return {"train_documents": len(train), "valid_documents": len(valid),
-            "train_chars": sum(map(len, train)), "valid_chars": sum(map(len, valid))}
+    def build(files: list[Path], out: Path) -> dict:
+        from attnlab.data.debian import headline, read_descriptions
+
+        descriptions = read_descriptions(files[0])
+        held = {md5 for md5 in descriptions if zlib.crc32(md5.encode("ascii")) % 10 == 0}
+        held_headlines = {headline(descriptions[md5]) for md5 in held}
+        document = lambda d: "\n".join([d.synopsis, *d.paragraphs])
+        valid = list(dict.fromkeys(document(d) for md5, d in descriptions.items() if md5 in held))
+        train = list(dict.fromkeys(document(d) for md5, d in descriptions.items()
+                                   if md5 not in held and headline(d) not in held_headlines))
+        (out / "train.txt").write_text(DOC_SEPARATOR.join(train) + "\n", encoding="utf-8")
+        (out / "valid.txt").write_text(DOC_SEPARATOR.join(valid) + "\n", encoding="utf-8")
+        return {"train_documents": len(train), "valid_documents": len(valid),
+                "train_chars": sum(map(len, train)), "valid_chars": sum(map(len, valid)), "language": lang}
+
+    return build
 
 
 # Known-good sha256 of the package files, recorded version first. A hash is added only after the
@@ -398,6 +404,7 @@ DEBIAN_PACKAGES_AMD64 = "515e692f2c4121c6fcec444ef100cc18f79a991910615f3a88c8b7b
 DEBIAN_TRANSLATIONS = {  # lang -> sha256 of bookworm/main's Translation-<lang> at DEBIAN_RELEASE
     "en": ("62f59c3cdca9786e4f7adf9002f9f5729a684adcb4667e58e448dec9b5a46c7f",),
     "de": ("adac331fc51f9a00c1b4120b4ac87423be2b1f1615d4f288c7cbc2d5258c0650",),
+    "ja": ("642792836c58facc19a735181fc1bc53ac211fc082ff141377fc6be2d2498259",),
 }
 SWORD_BIBLES = (
     Package("apt:sword-text-web", "426.0-1", ("930b23670b352f0829a306501de4bebb5e654a2df02cde2cbe86b802177868e1",)),
@@ -437,7 +444,12 @@ CORPORA: dict[str, Corpus] = {
         "debian-text", "English Debian package descriptions as documents (~55k, 22M characters; debian-sections' held-out "
         "texts held out)", "text",
         (Package("apt-index:bookworm/main/Translation-en", DEBIAN_RELEASE, DEBIAN_TRANSLATIONS["en"]),),
-        "DFSG-free (the packages' own licences)", _build_debian_text),
+        "DFSG-free (the packages' own licences)", _debian_text_builder("en")),
+    "debian-text-ja": Corpus(
+        "debian-text-ja", "Japanese Debian package descriptions as documents (~5.3k, 1.2M characters; the same "
+        "descriptions held out as debian-text)", "text",
+        (Package("apt-index:bookworm/main/Translation-ja", DEBIAN_RELEASE, DEBIAN_TRANSLATIONS["ja"]),),
+        "DFSG-free (the packages' own licences)", _debian_text_builder("ja")),
     "bible-en-es": Corpus("bible-en-es", "English->Spanish Bible verses (WEB -> Reina-Valera 1909, ~31k), "
                           "1 in 30 verses held out", "pairs", SWORD_BIBLES, "public domain", _bible_builder("verse")),
     "bible-en-es-books": Corpus("bible-en-es-books", "the same verse pairs, four books held out (Ruth, Jonah, "

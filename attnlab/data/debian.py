@@ -24,6 +24,7 @@ the same `Description-md5`, so a description also gets a label (`section_rows`).
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,20 @@ class Description:
     package: str
     synopsis: str
     paragraphs: tuple[str, ...]
+
+
+def _wide(char: str) -> bool:
+    """A full-width character (CJK ideographs, kana, full-width forms): text written without spaces."""
+    return unicodedata.east_asian_width(char) in "WF"
+
+
+def _join_lines(lines: list[str]) -> str:
+    """Wrapped lines as one: a space where a line breaks, none between two full-width characters
+    (Chinese and Japanese descriptions wrap inside words)."""
+    text = ""
+    for line in filter(None, lines):
+        text += line if text and _wide(text[-1]) and _wide(line[0]) else (" " if text else "") + line
+    return text
 
 
 def _paragraphs(lines: list[str]) -> tuple[str, ...]:
@@ -45,7 +60,7 @@ def _paragraphs(lines: list[str]) -> tuple[str, ...]:
         else:
             current.append(line.strip())
     out.append(current)
-    return tuple(re.sub(r"\s+", " ", " ".join(p)).strip() for p in out if any(p))
+    return tuple(re.sub(r"\s+", " ", _join_lines(p)).strip() for p in out if any(p))
 
 
 def parse_descriptions(text: str) -> dict[str, Description]:

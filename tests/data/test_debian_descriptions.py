@@ -158,12 +158,12 @@ def test_sections_label_descriptions_and_ambiguous_ones_are_left_out(tmp_path):
                     "Archiver for .zip files. This package includes the shared library.": "utils"}
 
 
-def _fetch_from(monkeypatch, tmp_path, name: str, english: str):
-    """Corpus `name` built from `english` as the Translation-en index file (download faked)."""
+def _fetch_from(monkeypatch, tmp_path, name: str, english: str, lang: str = "en"):
+    """Corpus `name` built from `english` as the Translation-<lang> index file (download faked)."""
     monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
 
     def download(package, spec, into):
-        path = into / f"Translation-en_{corpora.DEBIAN_RELEASE}_bookworm-main.index"
+        path = into / f"Translation-{lang}_{corpora.DEBIAN_RELEASE}_bookworm-main.index"
         path.write_text(english, encoding="utf-8")
         return path
 
@@ -255,3 +255,33 @@ def test_a_language_with_an_underscore_is_found_under_apt_escaped_name(tmp_path,
     path = download_apt_index("bookworm/main/Translation-zh_CN=12.15", tmp_path, "test")
     assert path.name == "Translation-zh_CN_12.15_bookworm-main.index"
     assert "古代战争" in path.read_text(encoding="utf-8")
+
+
+JAPANESE = f"""Package: zlib1g
+Description-md5: {TRAIN_MD5}
+Description-ja: 圧縮ライブラリ - ランタイム
+ zlib は gzip や PKZIP で使われている deflate 圧縮方式を実装し
+ たライブラリです。
+ .
+ このパッケージには共有ライブラリが含まれます。
+
+Package: zip
+Description-md5: {VALID_MD5}
+Description-ja: .zip ファイル用アーカイバ
+ Info-ZIP の zip です。
+"""
+
+
+def test_debian_text_ja_joins_wrapped_japanese_without_a_space_and_holds_out_by_the_english_md5(tmp_path,
+                                                                                              monkeypatch):
+    """Japanese wraps inside words: two full-width characters across a line break meet without a
+    space; a break after Latin text is a space as in English. The description held out is the one
+    whose (English) md5 debian-text and debian-sections hold out."""
+    folder = _fetch_from(monkeypatch, tmp_path, "debian-text-ja", JAPANESE, lang="ja")
+    train, valid = ((folder / f"{split}.txt").read_text(encoding="utf-8").strip().split(corpora.DOC_SEPARATOR)
+                    for split in ("train", "valid"))
+    assert train == ["圧縮ライブラリ - ランタイム\nzlib は gzip や PKZIP で使われている deflate 圧縮方式を実装し"
+                     "たライブラリです。\nこのパッケージには共有ライブラリが含まれます。"]
+    assert valid == [".zip ファイル用アーカイバ\nInfo-ZIP の zip です。"]
+    meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    assert meta["language"] == "ja" and meta["train_documents"] == 1
