@@ -57,6 +57,7 @@ BENCHES: dict[str, tuple[str, list[str]]] = {
                       "--threads", "2"]),
     "bpe": ("tokenizers", ["bench_bpe_train.py"]),
     "tokenise": ("tokenizers", ["bench_tokenise.py"]),
+    "encode": ("tokenizers", ["bench_encode.py"]),
 }
 
 
@@ -75,6 +76,10 @@ def _weights(report: dict, vocab: int, fmt: str) -> float:
 
 def _window_64k(report: dict, key: str) -> float:
     return next(r for r in report["results"] if r["kernel"] == "sliding_window" and r["T"] == 65536)[key]
+
+
+def _encoded(report: dict, text: str) -> dict:
+    return next(r for r in report["results"] if r["text"] == text)
 
 
 def _bpe(report: dict, vocab: int, key: str) -> float:
@@ -115,6 +120,10 @@ GOALS: list[Goal] = [
          lambda r: int(_bpe(r, 32000, "merges_identical")), ">=", 1),
     Goal("tokenising a corpus: 2 processes x 1", "tokenise", lambda r: r["speedup"]["2"], ">=", 1.5),
     Goal("tokenising a corpus: identical output (1 = yes)", "tokenise", lambda r: int(r["identical"]), ">=", 1),
+    Goal("encoding English (byte-level BPE): x tokenizers", "encode", lambda r: _encoded(r, "english")["speedup"],
+         ">=", 1.0),
+    Goal("encoding English, code, Japanese: identical ids (1 = yes)", "encode",
+         lambda r: int(all(x["identical"] for x in r["results"]) and len(r["results"]) == 3), ">=", 1),
 ]
 
 

@@ -9,6 +9,7 @@ byte-level variant: Radford et al. 2019.
 
 from __future__ import annotations
 
+import heapq
 from typing import ClassVar
 
 import regex
@@ -18,15 +19,26 @@ from attnlab.tokenizers.bytelevel import GPT2_PATTERN, decode_byte_tokens, split
 from attnlab.tokenizers.normalizers import Normalizer
 
 
+SHORT_WORD = 6  # symbols up to which rescanning the word beats the heap (measured on English and Japanese)
+
+
 def apply_merges(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
     """Split ``word`` into characters and merge adjacent pairs, lowest rank first.
 
-    All occurrences of the best pair are merged left to right before looking again.
+    All occurrences of the best pair are merged left to right before looking again. A short
+    word is rescanned after each merge (quadratic, but cheapest for the few symbols of an English
+    word); a longer one (Japanese and Chinese text, whose pieces run to hundreds of bytes, or code)
+    keeps its candidate pairs in a heap ordered by (rank, position), which merges the same pairs in
+    the same order for a merge table learned by BPE (there, a pair holding a merged symbol ranks
+    after the merge that made it, so every occurrence of the best pair is taken, leftmost first,
+    before any pair it creates; Hugging Face `tokenizers` merges by such a heap too).
 
     Example:
         >>> apply_merges("hello", {("l", "l"): 0, ("h", "e"): 1, ("he", "ll"): 2})
         ['hell', 'o']
     """
+    if len(word) > SHORT_WORD:
+        return _merge_by_heap(list(word), ranks)
     symbols = list(word)
     while len(symbols) > 1:
         best, best_rank = None, None
@@ -47,6 +59,34 @@ def apply_merges(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
                 i += 1
         symbols = merged
     return symbols
+
+
+def _merge_by_heap(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
+    """`apply_merges` in O(n log n): the symbols as a linked list, the candidate pairs in a heap
+    of (rank, left position, left, right); a popped pair whose symbols have changed since it was
+    pushed is stale and skipped (a symbol only grows, so equal strings mean unchanged)."""
+    n = len(symbols)
+    after, before = list(range(1, n)) + [-1], list(range(-1, n - 1))
+    rank_of = ranks.get
+    heap = [(rank, i, symbols[i], symbols[i + 1]) for i in range(n - 1)
+            if (rank := rank_of((symbols[i], symbols[i + 1]))) is not None]
+    heapq.heapify(heap)
+    while heap:
+        _, i, left, right = heapq.heappop(heap)
+        j = after[i]
+        if j < 0 or symbols[i] != left or symbols[j] != right:
+            continue
+        merged = symbols[i] = left + right
+        symbols[j] = None
+        k = after[i] = after[j]
+        if k >= 0:
+            before[k] = i
+            if (rank := rank_of((merged, symbols[k]))) is not None:
+                heapq.heappush(heap, (rank, i, merged, symbols[k]))
+        h = before[i]
+        if h >= 0 and (rank := rank_of((symbols[h], merged))) is not None:
+            heapq.heappush(heap, (rank, h, symbols[h], merged))
+    return [s for s in symbols if s is not None]
 
 
 class BPEModel(TokenModel):

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from attnlab.tokenizers import bpe
 from attnlab.tokenizers.bpe import BPEModel, apply_merges
 from attnlab.tokenizers.bytelevel import alphabet
 from tokenizer_samples import VARIED_TEXTS
@@ -76,6 +77,28 @@ def test_apply_merges_lowest_rank_first():
     assert apply_merges("abab", ranks) == ["ab", "ab"]
     assert apply_merges("aaa", {("a", "a"): 0}) == ["aa", "a"]  # left to right, no overlap
     assert apply_merges("", ranks) == []
+    long = "aaaaaaa" + "b" + "ab" * 2  # past SHORT_WORD: the heap takes it, with the same rules
+    assert len(long) > bpe.SHORT_WORD
+    assert apply_merges(long, {("a", "a"): 0, ("a", "b"): 1}) == ["aa", "aa", "aa", "ab", "ab", "ab"]
+    assert apply_merges("x" * 9, {}) == ["x"] * 9
+
+
+def test_long_words_merge_as_the_rescanning_loop_merges_them(monkeypatch):
+    """The heap path (words longer than SHORT_WORD) against the rescanning loop, on a merge table
+    BPE learned from text over a small alphabet (long words, many merges, repeated pairs)."""
+    import random
+
+    from attnlab.tokenizers import Tokenizer
+
+    rng = random.Random(0)
+    word = lambda: "".join(rng.choice("abcab ") for _ in range(rng.randint(7, 60))).replace(" ", "")
+    texts = [" ".join(word() for _ in range(20)) for _ in range(300)]
+    ranks = Tokenizer.train(texts, kind="bpe", vocab_size=600, lowercase=False).model.ranks
+    words = [w for w in (word() for _ in range(2000)) if len(w) > bpe.SHORT_WORD]
+    by_heap = [apply_merges(w, ranks) for w in words]
+    monkeypatch.setattr(bpe, "SHORT_WORD", 10**9)  # every word through the rescanning loop
+    assert by_heap == [apply_merges(w, ranks) for w in words]
+    assert sum(map(len, by_heap)) < sum(map(len, words)) / 2  # the table merged a lot
 
 
 def test_model_rejects_merges_outside_vocab():
