@@ -15,15 +15,17 @@ from typing import ClassVar
 import regex
 
 from attnlab.tokenizers.base import TokenModel
-from attnlab.tokenizers.bytelevel import GPT2_PATTERN, decode_byte_tokens, split_text, to_byte_chars
+from attnlab.tokenizers.bytelevel import GPT2_PATTERN, byte_to_char, decode_byte_tokens, split_text, to_byte_chars
 from attnlab.tokenizers.normalizers import Normalizer
 
 
 SHORT_WORD = 6  # symbols up to which rescanning the word beats the heap (measured on English and Japanese)
 
 
-def apply_merges(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
-    """Split ``word`` into characters and merge adjacent pairs, lowest rank first.
+def merge_ids(ids: list[int], table: dict[int, tuple[int, int]], width: int) -> list[int]:
+    """Merge adjacent symbols of a word, lowest rank first: `ids` are its symbols, `table` maps
+    left * width + right to (rank, merged symbol) (`BPEModel` builds it from the merges, width
+    above every id).
 
     All occurrences of the best pair are merged left to right before looking again. A short
     word is rescanned after each merge (quadratic, but cheapest for the few symbols of an English
@@ -32,27 +34,24 @@ def apply_merges(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
     the same order for a merge table learned by BPE (there, a pair holding a merged symbol ranks
     after the merge that made it, so every occurrence of the best pair is taken, leftmost first,
     before any pair it creates; Hugging Face `tokenizers` merges by such a heap too).
-
-    Example:
-        >>> apply_merges("hello", {("l", "l"): 0, ("h", "e"): 1, ("he", "ll"): 2})
-        ['hell', 'o']
     """
-    if len(word) > SHORT_WORD:
-        return _merge_by_heap(list(word), ranks)
-    symbols = list(word)
+    if len(ids) > SHORT_WORD:
+        return _merge_by_heap(list(ids), table, width)
+    symbols = list(ids)
+    get = table.get
     while len(symbols) > 1:
-        best, best_rank = None, None
-        for pair in zip(symbols, symbols[1:]):
-            rank = ranks.get(pair)
-            if rank is not None and (best_rank is None or rank < best_rank):
-                best, best_rank = pair, rank
+        best = None
+        for i in range(len(symbols) - 1):
+            hit = get(symbols[i] * width + symbols[i + 1])
+            if hit is not None and (best is None or hit[0] < best[0]):
+                best, key = hit, (symbols[i], symbols[i + 1])
         if best is None:
             break
-        first, second = best
+        (first, second), made = key, best[1]
         merged, i, n = [], 0, len(symbols)
         while i < n:
             if i + 1 < n and symbols[i] == first and symbols[i + 1] == second:
-                merged.append(first + second)
+                merged.append(made)
                 i += 2
             else:
                 merged.append(symbols[i])
@@ -61,32 +60,48 @@ def apply_merges(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
     return symbols
 
 
-def _merge_by_heap(symbols: list[str], ranks: dict[tuple[str, str], int]) -> list[str]:
-    """`apply_merges` in O(n log n): the symbols as a linked list, the candidate pairs in a heap
-    of (rank, left position, left, right); a popped pair whose symbols have changed since it was
-    pushed is stale and skipped (a symbol only grows, so equal strings mean unchanged)."""
+def _merge_by_heap(symbols: list[int], table: dict[int, tuple[int, int]], width: int) -> list[int]:
+    """`merge_ids` in O(n log n): the symbols as a linked list, the candidate pairs in a heap of
+    (rank, left position, left, right, merged); a popped pair whose symbols have changed since it
+    was pushed is stale and skipped (a position's symbol only ever grows into a new one, so equal
+    ids mean unchanged)."""
     n = len(symbols)
     after, before = list(range(1, n)) + [-1], list(range(-1, n - 1))
-    rank_of = ranks.get
-    heap = [(rank, i, symbols[i], symbols[i + 1]) for i in range(n - 1)
-            if (rank := rank_of((symbols[i], symbols[i + 1]))) is not None]
+    get = table.get
+    heap = [(hit[0], i, symbols[i], symbols[i + 1], hit[1]) for i in range(n - 1)
+            if (hit := get(symbols[i] * width + symbols[i + 1])) is not None]
     heapq.heapify(heap)
     while heap:
-        _, i, left, right = heapq.heappop(heap)
+        _, i, left, right, made = heapq.heappop(heap)
         j = after[i]
         if j < 0 or symbols[i] != left or symbols[j] != right:
             continue
-        merged = symbols[i] = left + right
+        symbols[i] = made
         symbols[j] = None
         k = after[i] = after[j]
         if k >= 0:
             before[k] = i
-            if (rank := rank_of((merged, symbols[k]))) is not None:
-                heapq.heappush(heap, (rank, i, merged, symbols[k]))
+            if (hit := get(made * width + symbols[k])) is not None:
+                heapq.heappush(heap, (hit[0], i, made, symbols[k], hit[1]))
         h = before[i]
-        if h >= 0 and (rank := rank_of((symbols[h], merged))) is not None:
-            heapq.heappush(heap, (rank, h, symbols[h], merged))
+        if h >= 0 and (hit := get(symbols[h] * width + made)) is not None:
+            heapq.heappush(heap, (hit[0], h, symbols[h], made, hit[1]))
     return [s for s in symbols if s is not None]
+
+
+def apply_merges(word: str, ranks: dict[tuple[str, str], int]) -> list[str]:
+    """`merge_ids` on strings: split ``word`` into characters and merge adjacent pairs, lowest
+    rank first (`ranks`: pair -> rank), all occurrences of the best pair left to right before
+    looking again.
+
+    Example:
+        >>> apply_merges("hello", {("l", "l"): 0, ("h", "e"): 1, ("he", "ll"): 2})
+        ['hell', 'o']
+    """
+    names = list(dict.fromkeys([*word, *(part for a, b in ranks for part in (a, b, a + b))]))
+    index = {name: i for i, name in enumerate(names)}
+    table = {index[a] * len(names) + index[b]: (rank, index[a + b]) for (a, b), rank in ranks.items()}
+    return [names[i] for i in merge_ids([index[c] for c in word], table, len(names))]
 
 
 class BPEModel(TokenModel):
@@ -142,6 +157,11 @@ class BPEModel(TokenModel):
         self.unk_token = unk_token
         self._check_unk()
         self._cache: dict[str, list[int]] = {}
+        # the merges on ids (see merge_ids); a byte missing from vocab is symbol -1 - byte, which no merge takes
+        self._width = max(self.vocab.values(), default=0) + 1
+        self._table = {self.vocab[a] * self._width + self.vocab[b]: (rank, self.vocab[a + b])
+                       for (a, b), rank in self.ranks.items()}
+        self._byte_ids = [self.vocab.get(char, -1 - byte) for byte, char in sorted(byte_to_char().items())]
 
     def pieces(self, text: str) -> list[str]:
         """The pre-tokenized pieces of ``text`` (before byte mapping)."""
@@ -168,19 +188,19 @@ class BPEModel(TokenModel):
 
     def _encode_piece(self, piece: str) -> list[int]:
         try:
-            word = to_byte_chars(piece)
+            data = piece.encode("utf-8")
         except UnicodeEncodeError as err:
             raise ValueError(f"text: cannot be encoded as UTF-8 (lone surrogate?): {err}") from err
-        if self.ignore_merges and word in self.vocab:
-            return [self.vocab[word]]
-        ids = []
-        for token in apply_merges(word, self.ranks):
-            token_id = self.vocab.get(token)
-            if token_id is None and self.unk_token is not None:
-                token_id = self.vocab[self.unk_token]
-            if token_id is not None:
-                ids.append(token_id)
-        return ids
+        if self.ignore_merges:
+            whole = self.vocab.get(to_byte_chars(piece))
+            if whole is not None:
+                return [whole]
+        byte_ids = self._byte_ids
+        ids = merge_ids([byte_ids[b] for b in data], self._table, self._width)
+        if min(ids, default=0) >= 0:
+            return ids
+        unk = self.vocab[self.unk_token] if self.unk_token is not None else None
+        return [i if i >= 0 else unk for i in ids if i >= 0 or unk is not None]
 
     def decode_tokens(self, tokens: list[str]) -> str:
         return decode_byte_tokens(tokens)

@@ -120,3 +120,16 @@ def test_no_pattern_keeps_text_whole():
 def test_lone_surrogate_is_a_value_error(gpt2_shared):
     with pytest.raises(ValueError, match="text"):
         gpt2_shared.encode("a\ud800b")
+
+
+def test_bytes_missing_from_the_vocabulary_become_unk_or_are_dropped():
+    """A vocabulary without every byte (not byte-level complete): a missing byte gives unk_token
+    when there is one, else nothing (as Hugging Face's BPE does), and merges around it still apply."""
+    from attnlab.tokenizers.bytelevel import to_byte_chars
+
+    vocab = {"a": 0, "b": 1, "ab": 2, "<unk>": 3}
+    with_unk = BPEModel(vocab, [("a", "b")], unk_token="<unk>")
+    assert with_unk.encode_text("abzab") == [2, 3, 2]
+    assert with_unk.encode_text("é") == [3, 3]  # two UTF-8 bytes, each unknown
+    assert to_byte_chars("é") not in vocab
+    assert BPEModel(vocab, [("a", "b")]).encode_text("abzab") == [2, 2]
