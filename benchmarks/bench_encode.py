@@ -11,9 +11,9 @@ tokenizer.json, on three kinds of real text, one thread each, as JSON.
 For each text: a byte-level BPE of --vocab tokens (GPT-2's pre-tokenizer, no lowercasing) is
 trained by attnlab on the first --train-mb million characters (at most 80% of the text), saved as
 tokenizer.json and loaded by both sides (HF: `Tokenizer.from_file`); then the next --encode-mb
-million characters, as documents, are encoded by each (attnlab: `Tokenizer.encode` per document, a
-fresh tokenizer per round so its cache starts empty; HF: `encode_batch(..., add_special_tokens=
-False)` with RAYON_NUM_THREADS=1), in turns for --rounds rounds (A B, B A, ...). Every document's
+million characters, as documents, are encoded by each (attnlab: `Tokenizer.encode` per document; HF:
+`encode_batch(..., add_special_tokens=False)` with RAYON_NUM_THREADS=1; each side loads a fresh
+tokenizer every round, outside the timing, so that both start with an empty word cache), in turns for --rounds rounds (A B, B A, ...). Every document's
 ids must be identical (`identical`). Reported: median seconds, characters per second, the ratio
 attnlab / HF of speed (`speedup`, > 1: attnlab faster), the load average.
 
@@ -87,8 +87,9 @@ def measure(kind: str, vocab: int, train_mb: float, encode_mb: float, rounds: in
                 for doc in test:
                     tok.encode(doc)
             else:
+                fresh = HFTokenizer.from_file(str(path))  # its word cache empty too
                 t = time.perf_counter()
-                hf.encode_batch(test, add_special_tokens=False)
+                fresh.encode_batch(test, add_special_tokens=False)
             times[side].append(time.perf_counter() - t)
     chars = sum(map(len, test))
     med = {side: statistics.median(ts) for side, ts in times.items()}
