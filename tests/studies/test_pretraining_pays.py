@@ -88,3 +88,22 @@ def test_the_encoder_recipe_at_a_quarter_of_its_steps(tmp_path):
     evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if "val_mlm_accuracy" in line]
     assert evals[-1]["step"] == 1500
     assert evals[-1]["val_mlm_accuracy"] >= 0.27
+
+
+@pytest.mark.slow
+def test_pretraining_pays_in_domain_at_a_quarter_of_the_pretraining(tmp_path):
+    """The study at a reduced budget: the encoder pretrained on debian-text for 1,500 of bert.yaml's
+    6,000 steps (its cosine shortened; still on the masked-LM plateau, 13.7% masked-token accuracy)
+    against its random twin, fine-tuned on debian-sections with the study's settings, seeds 0-2.
+    Claim: it wins on every seed. Measured with this command (2026-11-28, 62 minutes of wall-clock
+    at load 1.5-5): +0.034 / +0.041 / +0.038, mean +0.038 (0.620 against 0.582); the full
+    6,000-step encoder wins by +0.139."""
+    out = tmp_path / "study"
+    subprocess.run([sys.executable, str(STUDIES / "pretraining_pays" / "run.py"), "--corpus", "debian-text",
+                    "--pretrain-steps", "1500", "--out", str(out)], check=True, timeout=4 * 3600)
+    runs = json.loads((out / "results.json").read_text())["runs"]
+    acc = {init: {r["seed"]: r["test"]["accuracy"] for r in runs if r["init"] == init} for init in ("pretrained", "random")}
+    assert sorted(acc["pretrained"]) == sorted(acc["random"]) == [0, 1, 2]
+    diffs = [acc["pretrained"][s] - acc["random"][s] for s in range(3)]
+    assert all(d > 0 for d in diffs), diffs
+    assert statistics.mean(diffs) >= 0.02, diffs
