@@ -232,8 +232,13 @@ def gradient_flow(args: argparse.Namespace, mark: int, window: int = 16, sentenc
     if series:
         plot_lines(series, out / "gradient_flow.png", xlabel="distance from the end of the source (tokens)",
                    ylabel="||dL/dx_k|| / its mean over the window", logy=True,
-                   title=f"gradient reaching the source ({mark} min, held-out verses)")
+                   title=f"gradient reaching the source ({mark} min, {held_out(args.corpus)})")
     return table
+
+
+def held_out(corpus: str) -> str:
+    """What the held-out side of `corpus` is called in plot titles."""
+    return "held-out verses" if corpus.startswith("bible") else "held-out pairs"
 
 
 def report(args: argparse.Namespace, seconds: float) -> str:
@@ -245,7 +250,7 @@ def report(args: argparse.Namespace, seconds: float) -> str:
         run_dir = out / name.replace("+", "_")
         clock, evaluation = read_json(run_dir / "clock.json") or {}, read_json(run_dir / "evaluation.json") or {}
         table[name] = {m: {**clock.get("marks", {}).get(m, {}), **evaluation.get(m, {})} for m in evaluation}
-    for key, label in (("bleu", "BLEU (beam 4, held-out verses)"), ("val_loss", "validation loss (nats/token)")):
+    for key, label in (("bleu", f"BLEU (beam 4, {held_out(args.corpus)})"), ("val_loss", "validation loss (nats/token)")):
         series = {LABELS[n]: ([float(m) for m in rows], [rows[m][key] for m in rows]) for n, rows in table.items() if rows}
         plot_lines(series, out / f"{key}_vs_time.png", xlabel="training time on one core (CPU minutes)",
                    ylabel=label, title=f"{args.corpus}: {label}")
