@@ -157,11 +157,13 @@ class BPEModel(TokenModel):
         self.unk_token = unk_token
         self._check_unk()
         self._cache: dict[str, list[int]] = {}
-        # the merges on ids (see merge_ids); a byte missing from vocab is symbol -1 - byte, which no merge takes
-        self._width = max(self.vocab.values(), default=0) + 1
+        # the merges on ids (see merge_ids); a byte missing from vocab is symbol `_missing + byte`, above every
+        # id (so no merge takes it), and the width is above those too (so that no two pairs share a key)
+        self._missing = max(self.vocab.values(), default=-1) + 1
+        self._width = self._missing + 256
         self._table = {self.vocab[a] * self._width + self.vocab[b]: (rank, self.vocab[a + b])
                        for (a, b), rank in self.ranks.items()}
-        self._byte_ids = [self.vocab.get(char, -1 - byte) for byte, char in sorted(byte_to_char().items())]
+        self._byte_ids = [self.vocab.get(char, self._missing + byte) for byte, char in sorted(byte_to_char().items())]
 
     def pieces(self, text: str) -> list[str]:
         """The pre-tokenized pieces of ``text`` (before byte mapping)."""
@@ -197,10 +199,11 @@ class BPEModel(TokenModel):
                 return [whole]
         byte_ids = self._byte_ids
         ids = merge_ids([byte_ids[b] for b in data], self._table, self._width)
-        if min(ids, default=0) >= 0:
+        missing = self._missing
+        if max(ids, default=0) < missing:
             return ids
         unk = self.vocab[self.unk_token] if self.unk_token is not None else None
-        return [i if i >= 0 else unk for i in ids if i >= 0 or unk is not None]
+        return [i if i < missing else unk for i in ids if i < missing or unk is not None]
 
     def decode_tokens(self, tokens: list[str]) -> str:
         return decode_byte_tokens(tokens)

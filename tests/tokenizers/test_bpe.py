@@ -133,3 +133,10 @@ def test_bytes_missing_from_the_vocabulary_become_unk_or_are_dropped():
     assert with_unk.encode_text("é") == [3, 3]  # two UTF-8 bytes, each unknown
     assert to_byte_chars("é") not in vocab
     assert BPEModel(vocab, [("a", "b")]).encode_text("abzab") == [2, 2]
+    # a missing byte next to a known symbol must not look like another pair of ids to the merge table
+    dense = {to_byte_chars(chr(c)): c - 97 for c in range(97, 123)}  # a-z as ids 0-25
+    dense.update({"ab": 26, "<unk>": 27})
+    for left in "abcdxyz":  # d (3), R (byte 82): once the key of (a, b) when missing bytes had negative ids
+        for missing in "ABRZé":
+            model = BPEModel(dense, [("a", "b")], unk_token="<unk>")
+            assert model.encode_text(left + missing) == [dense[left]] + [27] * len(missing.encode())
