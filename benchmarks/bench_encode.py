@@ -38,7 +38,6 @@ from pathlib import Path  # noqa: E402
 from machine import loadavg  # noqa: E402
 
 TEXTS = ("english", "code", "japanese")
-SEPARATOR = "\n\f\n"  # between documents in a built-in text corpus (attnlab.data.corpora.DOC_SEPARATOR)
 
 
 def documents(kind: str) -> list[str]:
@@ -46,10 +45,10 @@ def documents(kind: str) -> list[str]:
     if kind == "code":
         lib = Path(os.__file__).resolve().parent
         return [p.read_text(encoding="utf-8", errors="replace") for p in sorted(lib.glob("*.py"))]
-    from attnlab.data.corpora import fetch
+    from attnlab.data.corpora import DOC_SEPARATOR, fetch
 
     corpus = {"english": "debian-text", "japanese": "debian-text-ja"}[kind]
-    return (fetch(corpus) / "train.txt").read_text(encoding="utf-8").split(SEPARATOR)
+    return (fetch(corpus) / "train.txt").read_text(encoding="utf-8").split(DOC_SEPARATOR)
 
 
 def take(docs: list[str], start_chars: int, chars: int) -> list[str]:
