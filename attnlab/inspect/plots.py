@@ -144,7 +144,8 @@ def plot_lines(series: dict[str, tuple[Sequence[float], Sequence[float]]], path:
     ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title)
-    ax.legend()
+    # below the axes: inside, long labels hid the curves they name
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize="small", frameon=False)
     ax.grid(alpha=0.3)
     return save_figure(fig, path)
 
