@@ -6,6 +6,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.studies import load_study
 
 
@@ -17,3 +19,23 @@ def test_cpu_time_counts_a_finished_child_process():
     own, total = time.process_time() - own0, cpu_time() - total0
     assert own < 0.2  # this process only waited
     assert total >= 0.4 + own - 0.01  # the child's 0.4 s are counted
+
+
+def test_positive_int_refuses_zero_negatives_and_words():
+    import argparse
+
+    positive_int = load_study("pretraining_pays").positive_int
+    assert positive_int("1500") == 1500
+    for bad in ("0", "-5", "1.5", "many"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            positive_int(bad)
+
+
+def test_a_study_refuses_zero_pretraining_steps_before_doing_anything(tmp_path):
+    from tests.studies import STUDIES
+
+    script = STUDIES / "pretraining_pays" / "run.py"
+    done = subprocess.run([sys.executable, str(script), "--out", str(tmp_path / "out"), "--pretrain-steps", "0"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "--pretrain-steps" in done.stderr and "at least 1" in done.stderr
+    assert not (tmp_path / "out").exists()

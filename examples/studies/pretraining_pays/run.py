@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import loadavg, read_json, write_json  # noqa: E402
+from common import loadavg, positive_int, read_json, write_json  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PROMPT = "The [MASK] statement is used to import a module."
@@ -114,14 +114,14 @@ def main() -> None:
     p.add_argument("--pretrained", default=None, help="a finished `attnlab train bert.yaml` run (else one is trained)")
     p.add_argument("--corpus", default="python-docs",
                    help="what the encoder is pretrained on (bert.yaml's python-docs, or debian-text: in-domain)")
-    p.add_argument("--pretrain-steps", type=int, default=None,
+    p.add_argument("--pretrain-steps", type=positive_int, default=None,
                    help="shorten bert.yaml's 6,000 steps (its cosine ends there): a reduced budget")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--steps", type=int, default=150, help="fine-tuning steps of 32 descriptions")
+    p.add_argument("--steps", type=positive_int, default=150, help="fine-tuning steps of 32 descriptions")
     p.add_argument("--lr", type=float, default=2e-4, help="fine-tuning peak learning rate (both encoders)")
     p.add_argument("--dropout", type=float, default=0.1,
                    help="dropout while fine-tuning, both encoders (whatever the pretraining recipe used)")
-    p.add_argument("--per-section", type=int, default=50,
+    p.add_argument("--per-section", type=positive_int, default=50,
                    help="labelled training descriptions per section (fewer: where pretraining should matter most)")
     args = p.parse_args()
     from attnlab.finetune.tasks import debian_sections
