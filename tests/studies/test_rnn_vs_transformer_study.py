@@ -70,19 +70,20 @@ def test_the_transformer_leads_the_step_by_step_attention_model_at_five_cpu_minu
     assert transformer["bleu"] > bahdanau["bleu"]
 
 
-def test_every_model_config_is_valid_and_they_share_the_data(tmp_path):
+@pytest.mark.parametrize("batch_tokens", [None, 2000])
+def test_every_model_config_is_valid_and_they_share_the_data(tmp_path, batch_tokens):
     """The study's five run configs load as `attnlab train` configs, with one data section (corpus,
     objective, batch, tokenizer) for all; the recurrent ones are the cells and attention their
-    labels name."""
-    import argparse
-
+    labels name. `--batch-tokens` gives every model length-bucketed batches."""
     from attnlab.training import TrainConfig
 
     s = study()
-    args = argparse.Namespace(corpus="bible-en-es")
+    args = s.parse_args(["--corpus", "bible-en-es"] + (["--batch-tokens", str(batch_tokens)] if batch_tokens else []))
     configs = {name: TrainConfig.from_dict(s.run_config(name, tmp_path / name, tmp_path / "tok.json", args))
                for name in s.MODELS}
     assert len({repr(c.data) for c in configs.values()}) == 1
+    data = next(iter(configs.values())).data
+    assert data.batch_tokens == batch_tokens and (batch_tokens or data.batch_size == 32)
     expected = {"rnn": ("rnn", "none"), "lstm": ("lstm", "none"), "lstm+attention": ("lstm", "additive"),
                 "lstm+luong": ("lstm", "general")}
     for name, cfg in configs.items():
@@ -119,3 +120,13 @@ def test_gradient_flow_is_the_geometric_mean_of_each_verse_on_its_own(tmp_path, 
     assert got["norms"] == pytest.approx(mean, rel=1e-5)
     assert got["far_over_near"] == pytest.approx(sum(mean[:4]) / sum(mean[-4:]), rel=1e-5)
     assert (tmp_path / "gradient_flow.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_batching_reaches_every_worker(tmp_path, monkeypatch):
+    s = study()
+    seen = {}
+    monkeypatch.setattr(s, "run_workers", lambda commands, jobs, before: seen.update(commands))
+    s.run_all(s.parse_args(["--out", str(tmp_path), "--batch-tokens", "2000", "--models", "transformer", "rnn"]))
+    assert set(seen) == {"transformer", "rnn"}
+    for command in seen.values():
+        assert command[command.index("--batch-tokens") + 1] == "2000"

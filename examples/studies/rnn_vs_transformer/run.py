@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import cpu_clock_training, cpu_time, loadavg, read_json, run_workers, shared_tokenizer, translate, write_json  # noqa: E402
+from common import (cpu_clock_training, cpu_time, loadavg, positive_int, read_json, run_workers,  # noqa: E402
+                    shared_tokenizer, translate, write_json)
 
 D = 256  # embedding width of every model
 
@@ -78,7 +79,8 @@ def run_config(name: str, run_dir: Path, tokenizer: Path, args: argparse.Namespa
     spec = MODELS[name]
     return {
         "model": spec["model"],
-        "data": {"source": args.corpus, "objective": "seq2seq", "batch_size": 32, "max_pair_len": 96,
+        "data": {"source": args.corpus, "objective": "seq2seq", "max_pair_len": 96,
+                 **({"batch_tokens": args.batch_tokens} if args.batch_tokens else {"batch_size": 32}),
                  "tokenizer": {"kind": "bpe", "vocab_size": 8000, "path": str(tokenizer)}},
         "optim": {"name": "adam", "lr": spec["lr"], "betas": [0.9, 0.98], "eps": 1e-9, "weight_decay": 0.0,
                   "grad_clip": 1.0, "label_smoothing": 0.1},
@@ -160,6 +162,8 @@ def run_all(args: argparse.Namespace) -> None:
     """Each model in its own one-thread process, `args.jobs` at a time."""
     base = [sys.executable, __file__, "--out", args.out, "--corpus", args.corpus, "--bleu-verses",
             str(args.bleu_verses), "--marks", *map(str, args.marks)]
+    if args.batch_tokens:
+        base += ["--batch-tokens", str(args.batch_tokens)]
     run_workers({name: base + ["--worker", name] for name in args.models}, args.jobs,
                 before=lambda name: (Path(args.out) / name.replace("+", "_")).mkdir(parents=True, exist_ok=True))
 
@@ -282,6 +286,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="CPU minutes of training at which each model is saved and evaluated (the last is the budget)")
     p.add_argument("--models", nargs="+", default=["transformer", "lstm+attention", "lstm+luong", "lstm", "rnn"],
                    choices=list(MODELS))
+    p.add_argument("--batch-tokens", type=positive_int, default=None,
+                   help="batches of pairs of similar length, this many padded tokens each, for every model "
+                        "(default: 32 pairs drawn at random, padded to the longest; the RNNs skip padding, "
+                        "the Transformer computes it)")
     p.add_argument("--bleu-verses", type=int, default=500, help="held-out verses translated for BLEU/chrF")
     p.add_argument("--jobs", type=int, default=2, help="models trained at once, one thread each")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
