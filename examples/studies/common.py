@@ -50,6 +50,19 @@ def positive_int(text: str) -> int:
     return value
 
 
+def cpu_minutes(text: str) -> int | float:
+    """argparse type of a mark: positive CPU minutes, an int when whole (so `5` names `marks/5min`)."""
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected CPU minutes, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be positive CPU minutes, got {text}")
+    return int(value) if value.is_integer() else value
+
+
 def read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
 
@@ -73,6 +86,24 @@ def shared_tokenizer(out: Path, corpus: str, objective: str) -> Path:
                                               "tokenizer": {"kind": "bpe", "vocab_size": 8000}}}).data
         build_tokenizer(cfg, resolve_source(corpus, "train"), out)
     return path
+
+
+def clock_config(model: dict[str, Any], data: dict[str, Any], lr: float, schedule: dict[str, Any],
+                 run_dir: Path) -> dict[str, Any]:
+    """The `attnlab train` config of one model of a study that compares models on
+    `cpu_clock_training`: Adam (0.9, 0.98) at `lr`, label smoothing 0.1, clipping at 1, fp32, one
+    thread, seed 0; no step limit, in-training evaluation or periodic checkpoint (the clock stops
+    the run and saves it)."""
+    return {
+        "model": model,
+        "data": data,
+        "optim": {"name": "adam", "lr": lr, "betas": [0.9, 0.98], "eps": 1e-9, "weight_decay": 0.0,
+                  "grad_clip": 1.0, "label_smoothing": 0.1},
+        "schedule": schedule,
+        "train": {"out_dir": str(run_dir), "max_steps": 10 ** 7, "eval_every": 10 ** 7, "eval_batches": 1,
+                  "bleu_samples": 0, "log_every": 100, "checkpoint_every": 10 ** 7, "keep_last": 1,
+                  "seed": 0, "threads": 1, "precision": "fp32"},
+    }
 
 
 def cpu_clock_training(config: dict[str, Any], run_dir: Path, marks: list[float], name: str) -> dict[str, Any]:

@@ -39,3 +39,21 @@ def test_a_study_refuses_zero_pretraining_steps_before_doing_anything(tmp_path):
                           capture_output=True, text=True)
     assert done.returncode == 2 and "--pretrain-steps" in done.stderr and "at least 1" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_cpu_minutes_are_positive_and_whole_ones_name_their_folder_without_a_point():
+    import argparse
+
+    cpu_minutes = load_study("translation").cpu_minutes
+    assert cpu_minutes("5") == 5 and isinstance(cpu_minutes("5"), int)  # marks/5min, not marks/5.0min
+    assert cpu_minutes("0.5") == 0.5
+    for bad in ("0", "-1", "nan", "inf", "soon"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            cpu_minutes(bad)
+
+
+@pytest.mark.parametrize("name", ["rnn_vs_transformer", "summarisation", "translation"])
+def test_every_clock_study_refuses_a_mark_of_zero_minutes(name):
+    with pytest.raises(SystemExit):
+        load_study(name).parse_args(["--marks", "5", "0"])
+    assert load_study(name).parse_args(["--marks", "5", "2.5"]).marks == [5, 2.5]

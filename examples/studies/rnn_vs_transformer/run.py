@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import (cpu_clock_training, cpu_time, loadavg, positive_int, read_json, run_workers,  # noqa: E402
-                    shared_tokenizer, translate, write_json)
+from common import (clock_config, cpu_clock_training, cpu_minutes, cpu_time, loadavg, positive_int,  # noqa: E402
+                    read_json, run_workers, shared_tokenizer, translate, write_json)
 
 D = 256  # embedding width of every model
 
@@ -77,18 +77,10 @@ LABELS = {"rnn": "RNN", "lstm": "LSTM", "lstm+attention": "LSTM + attention (Bah
 
 def run_config(name: str, run_dir: Path, tokenizer: Path, args: argparse.Namespace) -> dict[str, Any]:
     spec = MODELS[name]
-    return {
-        "model": spec["model"],
-        "data": {"source": args.corpus, "objective": "seq2seq", "max_pair_len": 96,
-                 **({"batch_tokens": args.batch_tokens} if args.batch_tokens else {"batch_size": 32}),
-                 "tokenizer": {"kind": "bpe", "vocab_size": 8000, "path": str(tokenizer)}},
-        "optim": {"name": "adam", "lr": spec["lr"], "betas": [0.9, 0.98], "eps": 1e-9, "weight_decay": 0.0,
-                  "grad_clip": 1.0, "label_smoothing": 0.1},
-        "schedule": spec["schedule"],
-        "train": {"out_dir": str(run_dir), "max_steps": 10 ** 7, "eval_every": 10 ** 7, "eval_batches": 1,
-                  "bleu_samples": 0, "log_every": 100, "checkpoint_every": 10 ** 7, "keep_last": 1,
-                  "seed": 0, "threads": 1, "precision": "fp32"},
-    }
+    data = {"source": args.corpus, "objective": "seq2seq", "max_pair_len": 96,
+            **({"batch_tokens": args.batch_tokens} if args.batch_tokens else {"batch_size": 32}),
+            "tokenizer": {"kind": "bpe", "vocab_size": 8000, "path": str(tokenizer)}}
+    return clock_config(spec["model"], data, spec["lr"], spec["schedule"], run_dir)
 
 
 # ---------------------------------------------------------------- training (one process per model)
@@ -282,7 +274,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/rnn-vs-transformer-study")
     p.add_argument("--corpus", default="bible-en-es", help="a built-in pair corpus (bible-en-es, de-en, ...)")
-    p.add_argument("--marks", type=float, nargs="+", default=[5, 10, 20, 40],
+    p.add_argument("--marks", type=cpu_minutes, nargs="+", default=[5, 10, 20, 40],
                    help="CPU minutes of training at which each model is saved and evaluated (the last is the budget)")
     p.add_argument("--models", nargs="+", default=["transformer", "lstm+attention", "lstm+luong", "lstm", "rnn"],
                    choices=list(MODELS))
@@ -290,11 +282,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="batches of pairs of similar length, this many padded tokens each, for every model "
                         "(default: 32 pairs drawn at random, padded to the longest; the RNNs skip padding, "
                         "the Transformer computes it)")
-    p.add_argument("--bleu-verses", type=int, default=500, help="held-out verses translated for BLEU/chrF")
-    p.add_argument("--jobs", type=int, default=2, help="models trained at once, one thread each")
+    p.add_argument("--bleu-verses", type=positive_int, default=500, help="held-out verses translated for BLEU/chrF")
+    p.add_argument("--jobs", type=positive_int, default=2, help="models trained at once, one thread each")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    args.marks = [int(m) if float(m).is_integer() else m for m in args.marks]
     return args
 
 

@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import cpu_clock_training, cpu_time, loadavg, read_json, run_workers, shared_tokenizer, write_json  # noqa: E402
+from common import (clock_config, cpu_clock_training, cpu_minutes, cpu_time, loadavg, positive_int,  # noqa: E402
+                    read_json, run_workers, shared_tokenizer, write_json)
 
 D = 256  # width of every model
 CORPUS = "debian-summaries"
@@ -83,17 +84,9 @@ LABELS = {"lstm+attention": "LSTM + attention", "transformer": "Transformer enco
 
 def run_config(name: str, run_dir: Path, tokenizer: Path) -> dict[str, Any]:
     spec = MODELS[name]
-    return {
-        "model": spec["model"],
-        "data": {"source": CORPUS, "objective": spec["objective"], "batch_tokens": BATCH_TOKENS, "batch_size": 32,
-                 "max_pair_len": MAX_LEN, "tokenizer": {"kind": "bpe", "vocab_size": 8000, "path": str(tokenizer)}},
-        "optim": {"name": "adam", "lr": spec["lr"], "betas": [0.9, 0.98], "eps": 1e-9, "weight_decay": 0.0,
-                  "grad_clip": 1.0, "label_smoothing": 0.1},
-        "schedule": spec["schedule"],
-        "train": {"out_dir": str(run_dir), "max_steps": 10 ** 7, "eval_every": 10 ** 7, "eval_batches": 1,
-                  "bleu_samples": 0, "log_every": 100, "checkpoint_every": 10 ** 7, "keep_last": 1,
-                  "seed": 0, "threads": 1, "precision": "fp32"},
-    }
+    data = {"source": CORPUS, "objective": spec["objective"], "batch_tokens": BATCH_TOKENS, "batch_size": 32,
+            "max_pair_len": MAX_LEN, "tokenizer": {"kind": "bpe", "vocab_size": 8000, "path": str(tokenizer)}}
+    return clock_config(spec["model"], data, spec["lr"], spec["schedule"], run_dir)
 
 
 # ---------------------------------------------------------------- training (one process per model)
@@ -241,21 +234,15 @@ def report(args: argparse.Namespace, seconds: float) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="runs/summarisation-study")
-    p.add_argument("--marks", type=float, nargs="+", default=[2, 5, 10],
+    p.add_argument("--marks", type=cpu_minutes, nargs="+", default=[2, 5, 10],
                    help="CPU minutes of training at which each model is saved and evaluated (the last is the budget)")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    p.add_argument("--rouge-docs", type=int, default=500, help="held-out documents summarised for ROUGE")
-    p.add_argument("--val-pairs", type=int, default=2697, help="held-out pairs for the perplexity (2,697: all)")
-    p.add_argument("--num-beams", type=int, default=1, help="1: greedy summaries; more: beam search")
-    p.add_argument("--jobs", type=int, default=2, help="models trained at once, one thread each")
+    p.add_argument("--rouge-docs", type=positive_int, default=500, help="held-out documents summarised for ROUGE")
+    p.add_argument("--val-pairs", type=positive_int, default=2697, help="held-out pairs for the perplexity (2,697: all)")
+    p.add_argument("--num-beams", type=positive_int, default=1, help="1: greedy summaries; more: beam search")
+    p.add_argument("--jobs", type=positive_int, default=2, help="models trained at once, one thread each")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    for name in ("rouge_docs", "val_pairs", "num_beams", "jobs"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if any(m <= 0 for m in args.marks):
-        p.error(f"--marks must be positive CPU minutes, got {args.marks}")
-    args.marks = [int(m) if float(m).is_integer() else m for m in args.marks]
     return args
 
 

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import cpu_clock_training, cpu_time, loadavg, read_json, run_workers, translate, write_json  # noqa: E402
+from common import (cpu_clock_training, cpu_minutes, cpu_time, loadavg, positive_int, read_json,  # noqa: E402
+                    run_workers, translate, write_json)
 
 EXAMPLES = Path(__file__).resolve().parents[2]
 # corpus -> (its recipe, what it holds out)
@@ -134,16 +135,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--recipe", default=None, help="an attnlab train config (YAML) for every corpus (default: each "
                    "corpus's own, translation_en_es.yaml or translation_en_de.yaml)")
     p.add_argument("--corpora", nargs="+", default=list(CORPORA), choices=list(CORPORA))
-    p.add_argument("--marks", type=float, nargs="+", default=[15, 30, 45, 60],
+    p.add_argument("--marks", type=cpu_minutes, nargs="+", default=[15, 30, 45, 60],
                    help="CPU minutes of training at which the model is saved and scored (the last is the budget)")
-    p.add_argument("--jobs", type=int, default=2, help="corpora trained at once, one thread each")
+    p.add_argument("--jobs", type=positive_int, default=2, help="corpora trained at once, one thread each")
     p.add_argument("--report-only", action="store_true",
                    help="write the table, plot and samples from what OUT holds, training and scoring nothing")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.recipe and not Path(args.recipe).is_file():
         p.error(f"--recipe: no such file: {args.recipe}")
-    args.marks = [int(m) if float(m).is_integer() else m for m in args.marks]
     return args
 
 
