@@ -3,6 +3,7 @@ computation (padding and batching change nothing), for a Transformer and a recur
 
 from __future__ import annotations
 
+import sys
 
 import pytest
 import torch
@@ -130,3 +131,17 @@ def test_the_batching_reaches_every_worker(tmp_path, monkeypatch):
     assert set(seen) == {"transformer", "rnn"}
     for command in seen.values():
         assert command[command.index("--batch-tokens") + 1] == "2000"
+
+
+def test_report_only_trains_nothing(tmp_path, monkeypatch):
+    s = study()
+    calls = []
+    monkeypatch.setattr(s, "run_all", lambda args: calls.append("run_all"))
+    monkeypatch.setattr(s, "shared_tokenizer", lambda *a: calls.append("tokenizer"))
+    monkeypatch.setattr(s, "report", lambda args, seconds: calls.append("report") or "")
+    monkeypatch.setattr(sys, "argv", ["run.py", "--out", str(tmp_path), "--report-only"])
+    s.main()
+    assert calls == ["report"]
+    monkeypatch.setattr(sys, "argv", ["run.py", "--out", str(tmp_path)])
+    s.main()
+    assert calls == ["report", "tokenizer", "run_all", "report"]

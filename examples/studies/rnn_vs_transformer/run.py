@@ -284,9 +284,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "the Transformer computes it)")
     p.add_argument("--bleu-verses", type=positive_int, default=500, help="held-out verses translated for BLEU/chrF")
     p.add_argument("--jobs", type=positive_int, default=2, help="models trained at once, one thread each")
+    p.add_argument("--report-only", action="store_true",
+                   help="write the table and plots from what OUT holds, training and scoring nothing")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    return args
+    return p.parse_args(argv)
 
 
 def main() -> None:
@@ -297,8 +298,9 @@ def main() -> None:
     start = time.perf_counter()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    shared_tokenizer(out, args.corpus, "seq2seq")
-    run_all(args)
+    if not args.report_only:
+        shared_tokenizer(out, args.corpus, "seq2seq")
+        run_all(args)
     print(report(args, time.perf_counter() - start))
 
 
