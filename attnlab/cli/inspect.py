@@ -7,6 +7,8 @@ import argparse
 import os
 import re
 
+from attnlab.cli.argtypes import positive_int
+
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
@@ -272,13 +274,6 @@ def _kernel_regression(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text}")
-    return value
-
-
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("inspect", help="look inside models: attention maps, cost, gradients, rank",
                                    description="Look inside models: attention maps, FLOPs and memory, gradient flow "
@@ -304,7 +299,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                  "none when only --html is given)")
     p.add_argument("--html", metavar="FILE", help="write an interactive viewer: one self-contained HTML page (head "
                                                    "view, model view, every attention kind); without --out, no PNGs")
-    p.add_argument("--max-tokens", type=_positive_int,
+    p.add_argument("--max-tokens", type=positive_int,
                    help="with --html: run and show at most N tokens per text; a longer one is cut to its first N "
                         "tokens, and the page says so (default 512)")
     p.set_defaults(func=_attention)
@@ -312,17 +307,17 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cost", help="parameters, FLOPs and activation memory per module",
                        epilog="example: attnlab inspect cost vaswani-base --seq-len 4096")
     p.add_argument("config", help="a preset name or a config.json path")
-    p.add_argument("--seq-len", type=_positive_int, required=True, help="tokens per sequence T")
-    p.add_argument("--src-len", type=_positive_int, help="source length of an encoder-decoder (default T)")
+    p.add_argument("--seq-len", type=positive_int, required=True, help="tokens per sequence T")
+    p.add_argument("--src-len", type=positive_int, help="source length of an encoder-decoder (default T)")
     p.add_argument("--kernel", help="count activation memory as this attention kernel holds it (a name that "
                                     "attention.kernel allows; default: the config's kernel)")
-    p.add_argument("--bytes", type=_positive_int, default=4, help="bytes per activation element (default 4)")
+    p.add_argument("--bytes", type=positive_int, default=4, help="bytes per activation element (default 4)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config field")
     p.set_defaults(func=_cost)
 
     p = sub.add_parser("gradient-flow", help="||dL/dh_k|| against distance for RNN, LSTM, Transformer",
                        epilog="example: attnlab inspect gradient-flow --seq-len 50 --out grad.png")
-    p.add_argument("--seq-len", type=_positive_int, default=40)
+    p.add_argument("--seq-len", type=positive_int, default=40)
     p.add_argument("--spectral-norm", type=float, default=0.9, help="sigma_max of the RNN's W_h (default 0.9)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="gradient_flow.png")
@@ -330,7 +325,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("rank-collapse", help="distance from rank 1 across depth, with and without residuals",
                        epilog="example: attnlab inspect rank-collapse --depth 12 --out rank.png")
-    p.add_argument("--depth", type=_positive_int, default=12)
+    p.add_argument("--depth", type=positive_int, default=12)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="rank_collapse.png")
     p.set_defaults(func=_rank_collapse)

@@ -37,19 +37,6 @@ def cpu_time() -> float:
     return time.process_time() + children.ru_utime + children.ru_stime
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (0 or a negative would silently mean "the default")."""
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
 def cpu_minutes(text: str) -> int | float:
     """argparse type of a mark: positive CPU minutes, an int when whole (so `5` names `marks/5min`)."""
     import argparse

@@ -24,7 +24,8 @@ def test_cpu_time_counts_a_finished_child_process():
 def test_positive_int_refuses_zero_negatives_and_words():
     import argparse
 
-    positive_int = load_study("pretraining_pays").positive_int
+    from attnlab.cli.argtypes import positive_int
+
     assert positive_int("1500") == 1500
     for bad in ("0", "-5", "1.5", "many"):
         with pytest.raises(argparse.ArgumentTypeError):

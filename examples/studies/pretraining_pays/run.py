@@ -33,7 +33,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import loadavg, positive_int, read_json, write_json  # noqa: E402
+from common import loadavg, read_json, write_json  # noqa: E402
+from attnlab.cli.argtypes import positive_int  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PROMPT = "The [MASK] statement is used to import a module."

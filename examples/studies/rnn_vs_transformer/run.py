@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import (clock_config, cpu_clock_training, cpu_minutes, cpu_time, loadavg, positive_int,  # noqa: E402
+from common import (clock_config, cpu_clock_training, cpu_minutes, cpu_time, loadavg,  # noqa: E402
                     read_json, run_workers, shared_tokenizer, translate, write_json)
+from attnlab.cli.argtypes import positive_int  # noqa: E402
 
 D = 256  # embedding width of every model
 

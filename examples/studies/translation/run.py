@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from common import (cpu_clock_training, cpu_minutes, cpu_time, loadavg, positive_int, read_json,  # noqa: E402
+from common import (cpu_clock_training, cpu_minutes, cpu_time, loadavg, read_json,  # noqa: E402
                     run_workers, translate, write_json)
+from attnlab.cli.argtypes import positive_int  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2]
 # corpus -> (its recipe, what it holds out)
