@@ -21,7 +21,11 @@ Reduced-precision weights (`--weights bf16 int8`, or `--only weights`): attnlab'
 with the Linear weights stored as bf16 / int8 (`attnlab.decoding.quantize_weights`) against
 attnlab's own fp32 on the same GPT-2-style random weights (vocab 50,304 and 4,096), interleaved
 round by round (fp32, bf16, int8, fp32, ...), medians; the bandwidth fraction counts the bytes
-the step really reads (1 per int8 weight + its scales, 2 per bf16 weight). Then the quality
+the step really reads (1 per int8 weight + its scales, 2 per bf16 weight). The 6-layer model's
+fp32 weights (50-120 MB) can sit in a large server CPU's last-level cache, where a step is not
+bound by memory bandwidth and fewer bytes per weight need not pay; so the same comparison also
+runs on a 355M-parameter shape (24 layers, d_model 1024, vocab 50,304: 1.4 GB of fp32 weights,
+32 new tokens; `--no-large` skips it), which every CPU streams from memory. Then the quality
 cost on a trained model: top-1 agreement with fp32 (teacher-forced on fp32's own 256-token
 greedy runs: the same context for both, so one early divergence does not count twice), how
 much of each free-running greedy run stays identical, and the validation perplexity of each.
@@ -97,8 +101,9 @@ def weight_bytes_per_token(model: torch.nn.Module) -> int:
     return total
 
 
-def _gpt2(vocab: int, device: torch.device) -> torch.nn.Module:
-    cfg = transformers.GPT2Config(vocab_size=vocab, n_positions=512, n_embd=384, n_layer=6, n_head=6,
+def _gpt2(vocab: int, device: torch.device, d_model: int = 384, layers: int = 6) -> torch.nn.Module:
+    cfg = transformers.GPT2Config(vocab_size=vocab, n_positions=512, n_embd=d_model, n_layer=layers,
+                                  n_head=d_model // 64,
                                   bos_token_id=0, eos_token_id=0)
     model = transformers.GPT2LMHeadModel(cfg).to(device).eval()
     model.generation_config.eos_token_id = None
@@ -176,10 +181,10 @@ def run_case(name: str, hf: torch.nn.Module, batch: int, prompt_len: int, new: i
 
 
 def run_weights_case(vocab: int, formats: list[str], new: int, repeats: int, device: torch.device,
-                     bandwidth: float) -> dict:
+                     bandwidth: float, d_model: int = 384, layers: int = 6) -> dict:
     """Batch-1 greedy of attnlab with fp32 and reduced-precision weights (same random weights),
     interleaved round by round; ratios against fp32 from the medians."""
-    ours = from_hf(_gpt2(vocab, torch.device("cpu"))).to(device).eval()
+    ours = from_hf(_gpt2(vocab, torch.device("cpu"), d_model, layers)).to(device).eval()
     models = {"fp32": ours, **{f: quantize_weights(ours, f) for f in formats}}
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, vocab, (1, 32), generator=g).to(device)
@@ -197,8 +202,8 @@ def run_weights_case(vocab: int, formats: list[str], new: int, repeats: int, dev
             wall[f].append(t)
             cpu[f].append(c)
     med = {f: statistics.median(v) for f, v in wall.items()}
-    result = {"case": f"greedy gpt2-6L-384 V={vocab} batch 1, weights", "vocab": vocab, "new_tokens": new,
-              "formats": {}}
+    result = {"case": f"greedy gpt2-{layers}L-{d_model} V={vocab} batch 1, weights", "vocab": vocab,
+              "d_model": d_model, "layers": layers, "new_tokens": new, "formats": {}}
     for f, model in models.items():
         bytes_tok = weight_bytes_per_token(model)
         result["formats"][f] = {
@@ -307,6 +312,9 @@ def main() -> None:
     parser.add_argument("--weights", nargs="+", choices=["bf16", "int8"], default=None,
                         help="also time batch-1 greedy with these reduced-precision weights against fp32, and "
                              "measure their quality cost (default with --only weights: bf16 int8)")
+    parser.add_argument("--no-large", action="store_true",
+                        help="skip the weights case of a 355M-parameter GPT-2 shape (24 layers, d_model 1024: "
+                             "1.4 GB of fp32 weights, about 4 GB of memory with its bf16 and int8 copies)")
     parser.add_argument("--quality-model", default=None,
                         help="a decoder saved by attnlab.save with its tokenizer (default: train a small char "
                              "model on Shakespeare here)")
@@ -343,6 +351,9 @@ def main() -> None:
     if args.weights and args.only in (None, "weights"):
         for vocab in (50304, 4096):
             cases.append(run_weights_case(vocab, args.weights, args.new_tokens, args.repeats, device, bandwidth))
+        if not args.no_large:  # 355M parameters: 1.4 GB of fp32 weights, beyond any CPU cache
+            cases.append(run_weights_case(50304, args.weights, min(args.new_tokens, 32), args.repeats, device,
+                                          bandwidth, d_model=1024, layers=24))
         quality = weights_quality(args, device)
     print(json.dumps({
         "benchmark": "generate", "device": str(device), "loadavg_before": load_before, "loadavg_after": loadavg(),

@@ -83,14 +83,17 @@ def test_every_goal_reads_its_value_from_a_full_recorded_run(goals):
     """The committed run of every benchmark (benchmarks/results/): each goal finds its value in the
     JSON its benchmark wrote, and the table it recorded is what the goals compute from those reports
     now (a renamed key in a benchmark, or a goal reading the wrong case, fails here)."""
-    run = json.loads((BENCHMARKS / "results" / "goals-2026-11-28-xeon-amx.json").read_text())
+    run = json.loads((BENCHMARKS / "results" / "goals-2026-11-28-xeon-amx-2.json").read_text())
     reports = {name: bench["report"] for name, bench in run["benchmarks"].items()}
-    rows = [g.check(reports[g.bench]) for g in goals.GOALS if g.bench in reports]  # encode: a later benchmark
+    assert set(reports) == set(goals.BENCHES)
+    rows = [g.check(reports[g.bench]) for g in goals.GOALS]
     assert all(r["value"] is not None for r in rows), [r["goal"] for r in rows if r["value"] is None]
     assert rows == run["goals"]
     table = goals.table(rows)
-    assert "| greedy fp32 batch 1 V=50,304: fraction of copy bandwidth | >= 0.85 | 0.905 | yes |" in table
-    assert "| int8 weights V=4,096: x fp32 | >= 3 | 1.51 | no |" in table
+    assert "| greedy fp32 batch 1 V=50,304: fraction of copy bandwidth | >= 0.85 | 0.626 | no |" in table
+    assert "| int8 weights V=4,096: x fp32 | >= 3 | 1.61 | no |" in table
+    # the 355M shape is its own case: a goal reading the 6-layer V=50,304 case instead gets 0.718
+    assert "| bf16 weights, 355M (beyond the cache): x fp32 | >= 1.8 | 1.41 | no |" in table
 
 
 def test_an_encode_report_from_the_benchmark_itself(goals, capsys):
