@@ -92,3 +92,36 @@ def test_chunk_rows_must_be_positive():
     h, w, y = torch.randn(4, 8), torch.randn(10, 8), torch.tensor([1, 2, 3, 4])
     with pytest.raises(ValueError, match="chunk_rows"):
         linear_cross_entropy(h, w, y, chunk_rows=0)
+
+
+def test_backward_of_the_plain_loss_scales_no_vocabulary_sized_tensor():
+    """`loss.backward()` sends a gradient of exactly 1: the stored gradients go back as they are
+    (no (V, D) multiply); the gradients still equal PyTorch's, and a second backward over the
+    retained graph gives the same ones again (nothing stored was changed in place)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class VocabSizedOps(TorchDispatchMode):
+        def __init__(self, shape):
+            super().__init__()
+            self.shape, self.seen = shape, []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and tuple(out.shape) == self.shape:
+                self.seen.append(func.__name__)
+            return out
+
+    g = torch.Generator().manual_seed(3)
+    h = torch.randn(30, 16, generator=g, dtype=torch.float64).requires_grad_()
+    w = torch.randn(41, 16, generator=g, dtype=torch.float64).requires_grad_()
+    y = torch.randint(0, 41, (30,), generator=g)
+    loss = linear_cross_entropy(h, w, y, chunk_rows=7)
+    spy = VocabSizedOps((41, 16))
+    with spy:
+        first = torch.autograd.grad(loss, [h, w], retain_graph=True)
+    assert spy.seen == []
+    second = torch.autograd.grad(loss, [h, w])
+    ref = torch.autograd.grad(F.cross_entropy(h @ w.t(), y), [h, w])
+    for a, b, c in zip(first, second, ref):
+        torch.testing.assert_close(a, c, rtol=1e-8, atol=1e-10)
+        torch.testing.assert_close(b, c, rtol=1e-8, atol=1e-10)
