@@ -166,8 +166,10 @@ def add_decoding_flags(parser: argparse.ArgumentParser, *, max_new: int, beams: 
     parser.add_argument("--eos-token-id", type=int, default=None, help="end token (default: the tokenizer's eos)")
     parser.add_argument("--weights", choices=["fp32", "bf16", "int8"], default="fp32",
                         help="store the model's Linear weights in this precision while decoding (weight-only; "
-                             "int8 has one scale per output channel): faster, slightly less accurate; "
-                             "default fp32, exact")
+                             "int8 has one scale per output channel): fewer bytes read per token, slightly less "
+                             "accurate; how much faster depends on the CPU's kernels and cache (int8 usually "
+                             "pays; bf16 can be slower on a small model): see the README, 'Reduced-precision "
+                             "weights'; default fp32, exact")
 
 
 def decoding_weights(model: torch.nn.Module, weights: str) -> torch.nn.Module:
