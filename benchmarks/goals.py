@@ -1,6 +1,7 @@
 """The speed goals, measured in one go: runs each benchmark once, reads its JSON, and prints every
 goal's target, the measured value and whether it is met. Run it on an idle machine (it takes
-about half an hour on 2 CPU cores); the benchmarks' own JSON goes to --out beside the table.
+about 15 minutes on 2 CPU cores: 814 s for benchmarks/results/goals-2026-11-28-xeon-amx-2.json);
+the benchmarks' own JSON goes to --out beside the table.
 
     python benchmarks/goals.py --out runs/goals.json
     python benchmarks/goals.py --only decoding --out runs/goals-decoding.json
