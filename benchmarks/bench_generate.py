@@ -103,8 +103,7 @@ def weight_bytes_per_token(model: torch.nn.Module) -> int:
 
 def _gpt2(vocab: int, device: torch.device, d_model: int = 384, layers: int = 6) -> torch.nn.Module:
     cfg = transformers.GPT2Config(vocab_size=vocab, n_positions=512, n_embd=d_model, n_layer=layers,
-                                  n_head=d_model // 64,
-                                  bos_token_id=0, eos_token_id=0)
+                                  n_head=d_model // 64, bos_token_id=0, eos_token_id=0)
     model = transformers.GPT2LMHeadModel(cfg).to(device).eval()
     model.generation_config.eos_token_id = None
     return model

@@ -71,7 +71,7 @@ def _case(report: dict, prefix: str, batch: int) -> dict:
 
 
 def _weights(report: dict, shape: str, fmt: str) -> float:
-    case = next(c for c in report["cases"] if c["case"].startswith(f"greedy gpt2-{shape} ") and c.get("formats"))
+    case = next(c for c in report["cases"] if c["case"] == f"greedy gpt2-{shape} batch 1, weights")
     return case["formats"][fmt]["speedup_vs_fp32"]
 
 
