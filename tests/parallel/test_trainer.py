@@ -84,3 +84,22 @@ def test_attnlab_train_nproc_2_runs_under_torchrun(tmp_path, capsys):
     assert "torch.distributed.run" in capsys.readouterr().out
     assert (tmp_path / "run" / "checkpoints" / checkpoint_name(4)).is_dir()
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 4 + 1  # 4 steps + 1 eval, once
+
+
+def test_sigterm_on_one_rank_stops_every_rank_after_the_same_step_and_resumes_exactly(runs, tmp_path):
+    """Rank 1 alone gets SIGTERM in step 3: the ranks agree after the step, both stop there, rank 0
+    writes step 3's checkpoint, and one process resumes it to the uninterrupted run's weights."""
+    from tests.parallel.workers import trainer_dp_signal
+
+    folder, _, single = runs
+    cfg = _config(folder / "data", tmp_path / "dp", grad_accum=1)
+    cfg["train"]["checkpoint_every"] = 100
+    results = spawn(trainer_dp_signal, 2, args=(cfg, 1, 3), timeout_s=150, collective_timeout_s=60)
+    assert [r["step"] for r in results] == [3, 3] and all(r["saved"] for r in results), results
+    assert results[0]["checkpoint"] == str(tmp_path / "dp" / "checkpoints" / checkpoint_name(3))
+    trainer = Trainer(TrainConfig.from_dict(_config(folder / "data", tmp_path / "one", grad_accum=2)),
+                      log=lambda text: None, show_progress=False)
+    assert trainer.resume(tmp_path / "dp" / "checkpoints" / checkpoint_name(3))
+    trainer.fit()
+    for name, t in _params(single).items():
+        torch.testing.assert_close(_params(trainer)[name], t, atol=1e-6, rtol=0, msg=lambda m: f"{name}: {m}")
