@@ -267,7 +267,7 @@ def trainer_dp(ctx, config: dict) -> dict[str, str]:
     return results
 
 
-def trainer_dp_signal(ctx, config: dict, victim: int, at_step: int) -> dict[str, Any]:
+def trainer_dp_signal(ctx, config: dict, victim: int, at_step: int) -> dict[str, object]:
     """`Trainer` on 2 ranks; rank `victim` alone gets SIGTERM during step `at_step` (a scheduler's
     signal reaches the ranks at different moments): what each rank's fit raised."""
     import os
