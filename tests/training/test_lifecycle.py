@@ -65,7 +65,10 @@ def test_ctrl_c_saves_at_the_step_and_the_resumed_run_equals_an_uninterrupted_on
     assert steps == list(range(1, 7))  # each step logged once, across the interruption
 
 
-def test_a_second_ctrl_c_stops_at_once_and_names_the_checkpoint_a_resume_uses(tmp_path):
+def test_a_second_ctrl_c_stops_at_once_and_names_the_checkpoint_a_resume_uses(tmp_path, monkeypatch):
+    from attnlab.training import signals
+
+    monkeypatch.setattr(signals, "REPEAT_S", 0.0)  # the second press comes later than a copy of the first would
     run = _trainer(tmp_path, max_steps=8, checkpoint_every=2)
     with pytest.raises(TrainingInterrupted) as caught:
         run.fit(on_step=_ctrl_c_at(3, times=2))  # the second raises inside step 3's bookkeeping

@@ -1,7 +1,7 @@
 """Preemption: SIGTERM and SIGUSR1 (what schedulers send before they kill a job) stop a run like a
 first Ctrl-C — the step finishes, a checkpoint is written, `TrainingInterrupted` names the signal
 and the exit status 128 + its number — and the resumed run ends bitwise equal to one never
-stopped, also when the signal arrives while a checkpoint is being written. Handlers are put back
+stopped, also when the signal arrives while a checkpoint is being written, or arrives twice. Handlers are put back
 after `fit`; a signal the process ignores stays ignored; `train.stop_signals: []` leaves SIGTERM
 to its default."""
 
@@ -18,7 +18,7 @@ import pytest
 from attnlab.cli.main import main
 from attnlab.config.validate import ConfigError
 from attnlab.io.cache import sha256_file
-from attnlab.training import TrainConfig, Trainer, checkpoint as checkpoint_module
+from attnlab.training import TrainConfig, Trainer, checkpoint as checkpoint_module, signals as signals_module
 from attnlab.training.signals import deferred_stop, exit_status
 from attnlab.training.trainer import TrainingInterrupted
 from tests.training.helpers import tiny_config
@@ -97,18 +97,26 @@ def test_sigterm_while_a_checkpoint_is_written_finishes_it_then_stops(tmp_path, 
     assert _same_final_checkpoint(uninterrupted, run.out)
 
 
-def test_a_second_sigterm_stops_at_once(tmp_path):
-    run = _trainer(tmp_path, checkpoint_every=2)
+def test_a_repeated_signal_is_one_request_a_later_ctrl_c_stops_at_once(tmp_path, uninterrupted, monkeypatch):
+    """SLURM signals every process of a step and torchrun forwards it again: the copies must not cut
+    the checkpoint short. A Ctrl-C pressed again later (after REPEAT_S) still stops at once."""
+    def thrice(signum):
+        def hook(record):
+            if record["step"] == 3:
+                for _ in range(3):
+                    os.kill(os.getpid(), signum)
+        return hook
 
-    def twice(record):
-        if record["step"] == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
-            os.kill(os.getpid(), signal.SIGTERM)
-
+    for name in ("SIGTERM", "SIGINT"):  # a Ctrl-C delivered twice at once (the terminal's group + torchrun)
+        run = _trainer(tmp_path / name)
+        with pytest.raises(TrainingInterrupted) as caught:
+            run.fit(on_step=thrice(getattr(signal, name)))
+        assert caught.value.saved and caught.value.step == 3 and caught.value.signal == name
+    monkeypatch.setattr(signals_module, "REPEAT_S", 0.0)  # a second press, later
+    run = _trainer(tmp_path / "later", checkpoint_every=2)
     with pytest.raises(TrainingInterrupted) as caught:
-        run.fit(on_step=twice)
-    assert not caught.value.saved and caught.value.signal == "SIGTERM"
-    assert caught.value.checkpoint == run.checkpoint_dir / "step-00000002"
+        run.fit(on_step=thrice(signal.SIGINT))
+    assert not caught.value.saved and caught.value.checkpoint == run.checkpoint_dir / "step-00000002"
     assert not (run.checkpoint_dir / "step-00000003").exists()
 
 
