@@ -51,9 +51,9 @@ def exit_status(name: str) -> int:
 
 
 def _notice(name: str) -> bytes:
-    what = "Ctrl-C" if name == "SIGINT" else name
-    return (f"\n{what}: finishing the current step, then saving a checkpoint (a second signal stops at "
-            "once)\n").encode()
+    if name == "SIGINT":
+        return b"\nCtrl-C: finishing the current step, then saving a checkpoint (Ctrl-C again stops at once)\n"
+    return f"\n{name}: finishing the current step, then saving a checkpoint and stopping\n".encode()
 
 
 @contextmanager
