@@ -514,7 +514,8 @@ class Trainer:
         ctx, run, data = self.parallel, self.config.train, self.config.data
         where = "" if self.mesh is None else f" on rank 0 of tp={ctx.tp_size} x pp={ctx.pp_size} x dp={ctx.dp_size}"
         where = where or (f" x {ctx.dp_size} data-parallel replicas" if ctx.dp_size > 1 else "")
-        model = f"{self.model.config.arch}, {n_params:,} parameters{where}"
+        kind = getattr(self.model.config, "arch", None) or type(self.model).__name__  # (a ViT's config has no arch)
+        model = f"{kind}, {n_params:,} parameters{where}"
         if self.pipeline is not None:  # the pretraining task of config.data
             batch = f"{data.batch_tokens} tokens" if data.batch_tokens else f"{data.batch_size}"
             task = f"{data.objective} on {data.source}, seq_len {data.seq_len}, batch {batch} x {run.grad_accum}"
