@@ -74,7 +74,7 @@ from attnlab.training.speedups import CompileClock, checkpoint_activations, comp
 from attnlab.training.steps import count_tokens, to_device
 from attnlab.training.task import with_balance_loss
 from attnlab.training.tensorboard import TensorBoardLog, require_tensorboard, text_samples
-from attnlab.io.files import atomic_write_text
+from attnlab.io.files import append_line, atomic_write_json, atomic_write_text, json_text
 from attnlab.io.lock import RunLock
 
 
@@ -251,13 +251,12 @@ class Trainer:
         self.out.mkdir(parents=True, exist_ok=True)
         data = {"config": self.config.to_dict(), "model": self.model.config.to_dict(), "seed": self.config.train.seed,
                 "precision": self.precision, "versions": versions(), "command": " ".join(sys.argv)}
-        atomic_write_text(self.out / "config.json", json.dumps(data, indent=2) + "\n")
+        atomic_write_json(self.out / "config.json", data, indent=2)
 
     def _metrics(self, record: dict[str, Any]) -> None:
         if not self.parallel.is_main:  # [parallel]
             return
-        with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        append_line(self.out / "metrics.jsonl", json_text(record))  # whole lines; NaN as null
         if self._tensorboard is not None:
             self._tensorboard.record(record)
 
@@ -269,8 +268,8 @@ class Trainer:
         kept = []
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by the crash
+                record = {k: math.nan if v is None else v for k, v in json.loads(line).items()}  # null: NaN
+            except (json.JSONDecodeError, AttributeError):  # a line cut by the crash
                 continue
             if record.get("step", 0) <= self.step:
                 kept.append(line)
