@@ -45,7 +45,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnlab.config.load import apply_overrides, load_config_file, parse_value, to_dict
+from attnlab.config.load import apply_overrides, load_config_file, parse_value
 
 if TYPE_CHECKING:  # the training code (and torch) load when a command runs, not for --help
     from attnlab.training.config import TrainConfig
@@ -122,7 +122,7 @@ def _check_same_model(cfg: TrainConfig, *, from_run: bool) -> None:
     saved tokenizer.json would silently win. Changes that keep every shape (dropout, the attention
     kernel) are allowed."""
     from attnlab.training.checkpoint import saved_run_config
-    from attnlab.training.config import TrainConfig
+    from attnlab.training.config import TrainConfig, absolute_paths
 
     out = Path(cfg.train.out_dir)
     try:
@@ -133,8 +133,9 @@ def _check_same_model(cfg: TrainConfig, *, from_run: bool) -> None:
         earlier = TrainConfig.from_dict(earlier_data)
     except (ValueError, TypeError, AttributeError):
         return  # a config.json this version cannot read: the checkpoint's own check names a mismatch
-    changed = (_differences(to_dict(earlier.model), to_dict(cfg.model), "model")
-               + _differences(to_dict(earlier.data.tokenizer), to_dict(cfg.data.tokenizer), "data.tokenizer"))
+    old, new = absolute_paths(earlier.to_dict()), absolute_paths(cfg.to_dict())  # as the run recorded its paths
+    changed = (_differences(old["model"], new["model"], "model")
+               + _differences(old["data"]["tokenizer"], new["data"]["tokenizer"], "data.tokenizer"))
     fixed = [c for c in changed if c[0].startswith("data.") or c[0] in ("model.init_from", "model.add_special_tokens")]
     if not changed or (not fixed and _shapes(earlier) == _shapes(cfg)):
         return

@@ -63,7 +63,7 @@ from attnlab.config.validate import ConfigError
 from attnlab.io.progress import format_seconds
 from attnlab.training.adapters import apply_lora, export_lora
 from attnlab.training.checkpoint import list_checkpoints, load_checkpoint, read_index, resolve_checkpoint, save_checkpoint
-from attnlab.training.config import TrainConfig
+from attnlab.training.config import TrainConfig, absolute_paths
 from attnlab.training.distributed import (all_reduce_sum, any_rank, data_parallel_loss, init_from_env, rank0_first,
                                           shard_task)
 from attnlab.training.optim import Schedule, build_optimizer
@@ -249,8 +249,9 @@ class Trainer:
         if not self.parallel.is_main:  # [parallel]
             return
         self.out.mkdir(parents=True, exist_ok=True)
-        data = {"config": self.config.to_dict(), "model": self.model.config.to_dict(), "seed": self.config.train.seed,
-                "precision": self.precision, "versions": versions(), "command": " ".join(sys.argv)}
+        data = {"config": absolute_paths(self.config.to_dict()), "model": self.model.config.to_dict(),  # any cwd
+                "seed": self.config.train.seed, "precision": self.precision, "versions": versions(),
+                "command": " ".join(sys.argv)}
         atomic_write_json(self.out / "config.json", data, indent=2)
 
     def _metrics(self, record: dict[str, Any]) -> None:
