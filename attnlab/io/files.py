@@ -136,11 +136,18 @@ def remove_stale(target: str | os.PathLike) -> list[Path]:
     return removed
 
 
+# what a write() raises without a file name: the disk full, over quota, a file too large, the
+# disk failing, the file system read-only
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS}
+
+
 def _naming_target(err: OSError, tmp: Path, target: Path) -> OSError:
     """`err` as it should reach a user: naming the file being written (`target`, or the file
-    inside it) where it named the temporary or no file at all (a failed `write()` of a buffered
-    file names none). Errors of other classes than Python's own OSErrors come back as they are."""
-    if type(err).__module__ != "builtins":
+    inside it) where it named the temporary, or no file at all when it is a storage error (a
+    failed `write()` of a buffered file names none). Other errors (a connection reset while a
+    download is written), and errors of other classes than Python's own OSErrors, come back as
+    they are."""
+    if type(err).__module__ != "builtins" or (err.filename is None and err.errno not in _STORAGE_ERRNOS):
         return err
 
     def mapped(name: Any) -> str | None:

@@ -246,3 +246,10 @@ def test_a_failed_write_names_the_target(tmp_path, code):
     assert (info.value.errno, info.value.filename) == (code, str(tmp_path / "m" / "a.bin"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
     assert (tmp_path / "f.txt").read_text() == "old"
+
+
+def test_an_error_that_is_not_the_writes_keeps_its_own_words(tmp_path):
+    with pytest.raises(ConnectionResetError) as info:
+        with atomic_file(tmp_path / "download.bin"):  # e.g. a download written as it arrives
+            raise ConnectionResetError(errno.ECONNRESET, os.strerror(errno.ECONNRESET))
+    assert info.value.filename is None
