@@ -234,6 +234,7 @@ def _main(args: argparse.Namespace) -> int:
         return 0
     from contextlib import nullcontext
 
+    from attnlab.io.files import json_text
     from attnlab.io.lock import RunLock
     from attnlab.parallel.mesh import MeshTraining
     from attnlab.training.distributed import CollectiveError
@@ -261,7 +262,7 @@ def _main(args: argparse.Namespace) -> int:
             again = ["attnlab", "train", "--resume", str(cfg.train.out_dir)] + ["--nproc", str(world)] * (world > 1)
             print(f"attnlab train: {err}\nresume with: {shlex.join(again)}", file=sys.stderr, flush=True)
             return 130
-    print("summary: " + json.dumps(summary), flush=True)
+    print("summary: " + json_text(summary), flush=True)  # strict JSON: a NaN loss as null
     from attnlab.parallel import shutdown
 
     shutdown()  # [parallel] leave the process group (no-op alone)
