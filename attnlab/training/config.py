@@ -34,6 +34,7 @@ from attnlab.config.validate import (ConfigError, ConfigTypeError, check_types, 
                                      positive, probability)
 from attnlab.data.packing import PACKINGS  # plain | document_masked | pad (data.pack)
 from attnlab.training.objectives import OBJECTIVES
+from attnlab.training.signals import STOP_SIGNALS  # SIGTERM | SIGUSR1 | ... (train.stop_signals)
 from attnlab.training.precision import PRECISIONS  # auto | fp32 | bf16 | fp16 (resolved where a run starts)
 
 __all__ = ["DataConfig", "LoraConfig", "OptimConfig", "ParallelConfig", "RunConfig", "ScheduleConfig",
@@ -324,6 +325,8 @@ class RunConfig:
     compile: bool = False  # torch.compile each transformer layer (compile time in the log and summary)
     activation_checkpointing: bool = False  # keep each layer's input only; recompute it in backward
     tensorboard: bool = False  # event files in OUT/tensorboard/ (pip install 'attnlab[tensorboard]')
+    # besides Ctrl-C: signals that finish the step, checkpoint and stop (training.signals); [] for none
+    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
 
     def __post_init__(self) -> None:
         s = "train."
@@ -339,6 +342,8 @@ class RunConfig:
         choice(s + "precision", self.precision, PRECISIONS)
         choice(s + "device", self.device, DEVICES)
         choice(s + "nan_policy", self.nan_policy, NAN_POLICIES)
+        for i, name in enumerate(self.stop_signals):
+            choice(f"{s}stop_signals[{i}]", name, STOP_SIGNALS)
 
 
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")  # attnlab.parallel.pipeline.SCHEDULES (a test checks that they agree)

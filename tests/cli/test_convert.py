@@ -36,7 +36,14 @@ def test_both_directions(hf_gpt2, capsys):
         want = hf(input_ids=ids).logits
         assert real_max_diff(load(tmp / "ours")(ids), want) <= TOL
         assert real_max_diff(back(input_ids=ids).logits, want) <= TOL
-    assert "converted hf" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "converted hf" in captured.err and captured.out == ""  # quiet: the config only on request
+
+
+def test_print_config_prints_the_model_config_and_writes_nothing(hf_gpt2, capsys):
+    _, tmp = hf_gpt2
+    assert main(["convert", str(tmp / "hf"), str(tmp / "ours"), "--print-config"]) == 0
+    assert json.loads(capsys.readouterr().out)["arch"] == "decoder" and not (tmp / "ours").exists()
 
 
 def test_tokenizer_is_carried_over(hf_gpt2):

@@ -223,6 +223,26 @@ def test_sigint_to_a_train_process_saves_and_the_resume_is_bitwise(tmp_path):
     assert _final_checkpoints_equal(tmp_path / "full", tmp_path / "run", 12)
 
 
+def test_train_is_quiet_by_default_one_setup_line_the_config_on_request(tmp_path, capsys):
+    assert main(["train", str(_config_file(tmp_path, max_steps=2, log_every=100))]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert not any(line.startswith(("{", "}", " ")) for line in out)  # no dump of the resolved config
+    setup = [line for line in out if line.startswith("setup: ")]
+    assert len(setup) == 1 and len(out) <= 6, out
+    for part in ("decoder", "parameters", "causal_lm on ", "seq_len 16", "batch 4 x 1", "2 steps",
+                 "precision: fp32", "device cpu", f"out {tmp_path / 'run'}"):
+        assert part in setup[0], (part, setup[0])
+
+
+def test_resume_below_the_step_reached_is_a_one_line_error(tmp_path, capsys):
+    assert main(["train", str(_config_file(tmp_path, max_steps=4))]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path / "run"), "--train.max_steps", "2"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith("attnlab train: error: train.max_steps=2, but the run in")
+    assert "at step 4 already" in errors[0]
+
+
 def test_a_moved_or_copied_run_folder_evaluates_generates_and_resumes_from_any_folder(tmp_path, capsys, monkeypatch):
     import shutil
 
