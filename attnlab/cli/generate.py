@@ -69,7 +69,8 @@ def default_max_new_tokens(model: torch.nn.Module, prompt_len: int, usual: int) 
 
     config = model.config
     pos = getattr(config, "position", None)
-    if config.arch == "rnn_encoder_decoder" or pos is None or pos.scheme not in TABLE_SCHEMES + _EXTRAPOLATING:
+    limited = TABLE_SCHEMES + _EXTRAPOLATING
+    if getattr(config, "arch", None) == "rnn_encoder_decoder" or pos is None or pos.scheme not in limited:
         return usual  # no positions, or relative ones (relative, alibi, t5_bias) without a fixed end
     room = pos.max_len - prompt_len
     if room <= 0 and pos.scheme in _EXTRAPOLATING:

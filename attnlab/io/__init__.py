@@ -5,9 +5,10 @@ cache, the run folder's lock, and the progress line of long jobs.
     with attnlab.io.atomic_folder("out/export") as tmp: ...
 
 Layers: `lock`, `cache`, `progress` import nothing from attnlab; `files` asks `lock` whether the
-writer of a leftover temporary still runs; `weights`, `checkpoints` and `downloads` build on them. `io` is the bottom of the package (beside `config`): saving and
-loading a model folder (`attnlab.save` / `attnlab.load`) builds models and reads Hugging Face
-folders, so it lives above them, in `attnlab.interop.serialization`, and uses these files.
+writer of a leftover temporary still runs; `weights`, `checkpoints` and `downloads` build on
+them. `io` is the bottom of the package (beside `config`): saving and loading a model folder
+(`attnlab.save` / `attnlab.load`) builds models and reads Hugging Face folders, so it lives
+above them, in `attnlab.interop.serialization`, and uses these files.
 """
 
 from attnlab.io.cache import cache_dir, sha256_file, verify_sha256

@@ -216,8 +216,8 @@ def test_the_default_length_follows_the_models_positions(tmp_path, tok, capsys):
     lm, folder = _lm(tmp_path, tok, scheme="rotary", max_len=16)
     ids = torch.tensor([tok.encode("the cat")])  # 7 tokens: 9 positions left
     assert main(["generate", folder, "--prompt", "the cat", "--no-stream"]) == 0
-    assert capsys.readouterr() == ("the cat" + _new_text(tok, generate(lm, ids, 9, eos_token_id=eos)[0, 7:], eos) + "\n",
-                                   "")  # no warning: the default stays inside the context
+    want = "the cat" + _new_text(tok, generate(lm, ids, 9, eos_token_id=eos)[0, 7:], eos) + "\n"
+    assert capsys.readouterr() == (want, "")  # no warning: the default stays inside the context
 
 
 def test_sampling_flags_without_sample_warn_and_decode_greedily(tmp_path, tok, capsys):
