@@ -11,7 +11,8 @@ token when it has none.
 from __future__ import annotations
 
 import argparse
-import json
+
+from attnlab.io.files import json_text
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     ranked = sorted(scores, key=lambda s: -s.log_prob)
     if args.json:
         for s in ranked:
-            print(json.dumps({"text": s.text, "log_prob": s.log_prob, "tokens": s.tokens, "mean": s.mean,
+            print(json_text({"text": s.text, "log_prob": s.log_prob, "tokens": s.tokens, "mean": s.mean,
                               "perplexity": s.perplexity}))
         return 0
     print(f"{'log P':>10} {'tokens':>6} {'mean':>8} {'ppl':>9}  text")

@@ -47,7 +47,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnlab.config.load import apply_overrides, load_config_file, parse_value, to_dict
+from attnlab.config.load import apply_overrides, load_config_file, parse_value
 
 if TYPE_CHECKING:  # the training code (and torch) load when a command runs, not for --help
     from attnlab.training.config import TrainConfig
@@ -124,7 +124,7 @@ def _check_same_model(cfg: TrainConfig, *, from_run: bool) -> None:
     saved tokenizer.json would silently win. Changes that keep every shape (dropout, the attention
     kernel) are allowed."""
     from attnlab.training.checkpoint import saved_run_config
-    from attnlab.training.config import TrainConfig
+    from attnlab.training.config import TrainConfig, absolute_paths
 
     out = Path(cfg.train.out_dir)
     try:
@@ -135,8 +135,9 @@ def _check_same_model(cfg: TrainConfig, *, from_run: bool) -> None:
         earlier = TrainConfig.from_dict(earlier_data)
     except (ValueError, TypeError, AttributeError):
         return  # a config.json this version cannot read: the checkpoint's own check names a mismatch
-    changed = (_differences(to_dict(earlier.model), to_dict(cfg.model), "model")
-               + _differences(to_dict(earlier.data.tokenizer), to_dict(cfg.data.tokenizer), "data.tokenizer"))
+    old, new = absolute_paths(earlier.to_dict()), absolute_paths(cfg.to_dict())  # as the run recorded its paths
+    changed = (_differences(old["model"], new["model"], "model")
+               + _differences(old["data"]["tokenizer"], new["data"]["tokenizer"], "data.tokenizer"))
     fixed = [c for c in changed if c[0].startswith("data.") or c[0] in ("model.init_from", "model.add_special_tokens")]
     if not changed or (not fixed and _shapes(earlier) == _shapes(cfg)):
         return
@@ -235,6 +236,7 @@ def _main(args: argparse.Namespace) -> int:
         return 0
     from contextlib import nullcontext
 
+    from attnlab.io.files import json_text
     from attnlab.io.lock import RunLock
     from attnlab.parallel.mesh import MeshTraining
     from attnlab.training.distributed import CollectiveError
@@ -257,7 +259,7 @@ def _main(args: argparse.Namespace) -> int:
             again = ["attnlab", "train", "--resume", str(cfg.train.out_dir)] + ["--nproc", str(world)] * (world > 1)
             print(f"attnlab train: {err}\nresume with: {shlex.join(again)}", file=sys.stderr, flush=True)
             return err.exit_status  # 128 + the signal's number: 130 Ctrl-C, 143 SIGTERM, 138 SIGUSR1
-    print("summary: " + json.dumps(summary), flush=True)
+    print("summary: " + json_text(summary), flush=True)  # strict JSON: a NaN loss as null
     from attnlab.parallel import shutdown
 
     shutdown()  # [parallel] leave the process group (no-op alone)

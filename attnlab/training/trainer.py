@@ -67,7 +67,7 @@ from attnlab.config.validate import ConfigError
 from attnlab.io.progress import format_seconds
 from attnlab.training.adapters import apply_lora, export_lora
 from attnlab.training.checkpoint import list_checkpoints, load_checkpoint, read_index, resolve_checkpoint, save_checkpoint
-from attnlab.training.config import TrainConfig
+from attnlab.training.config import TrainConfig, absolute_paths
 from attnlab.training.distributed import (all_reduce_sum, any_rank, data_parallel_loss, init_from_env, rank0_first,
                                           shard_task)
 from attnlab.training.optim import Schedule, build_optimizer
@@ -79,7 +79,7 @@ from attnlab.training.speedups import CompileClock, checkpoint_activations, comp
 from attnlab.training.steps import count_tokens, to_device
 from attnlab.training.task import with_balance_loss
 from attnlab.training.tensorboard import TensorBoardLog, require_tensorboard, text_samples
-from attnlab.io.files import atomic_write_text
+from attnlab.io.files import append_line, atomic_write_json, atomic_write_text, json_text
 from attnlab.io.lock import RunLock
 
 
@@ -260,15 +260,15 @@ class Trainer:
         if not self.parallel.is_main:  # [parallel]
             return
         self.out.mkdir(parents=True, exist_ok=True)
-        data = {"config": self.config.to_dict(), "model": self.model.config.to_dict(), "seed": self.config.train.seed,
-                "precision": self.precision, "versions": versions(), "command": " ".join(sys.argv)}
-        atomic_write_text(self.out / "config.json", json.dumps(data, indent=2) + "\n")
+        data = {"config": absolute_paths(self.config.to_dict()), "model": self.model.config.to_dict(),  # any cwd
+                "seed": self.config.train.seed, "precision": self.precision, "versions": versions(),
+                "command": " ".join(sys.argv)}
+        atomic_write_json(self.out / "config.json", data, indent=2)
 
     def _metrics(self, record: dict[str, Any]) -> None:
         if not self.parallel.is_main:  # [parallel]
             return
-        with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        append_line(self.out / "metrics.jsonl", json_text(record))  # whole lines; NaN as null
         if self._tensorboard is not None:
             self._tensorboard.record(record)
 
@@ -280,8 +280,8 @@ class Trainer:
         kept = []
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by the crash
+                record = {k: math.nan if v is None else v for k, v in json.loads(line).items()}  # null: NaN
+            except (json.JSONDecodeError, AttributeError):  # a line cut by the crash
                 continue
             if record.get("step", 0) <= self.step:
                 kept.append(line)
