@@ -74,6 +74,7 @@ from attnlab.training.speedups import CompileClock, checkpoint_activations, comp
 from attnlab.training.steps import count_tokens, to_device
 from attnlab.training.task import with_balance_loss
 from attnlab.training.tensorboard import TensorBoardLog, require_tensorboard, text_samples
+from attnlab.training.threads import set_threads
 from attnlab.io.files import atomic_write_text
 from attnlab.io.lock import RunLock
 
@@ -159,8 +160,7 @@ class Trainer:
         run = config.train
         if run.tensorboard:
             require_tensorboard()  # before any data is prepared
-        if run.threads:
-            torch.set_num_threads(run.threads)
+        set_threads("train.threads", run.threads)  # capped to the CPUs, with a warning (training.threads)
         self.device = pick_device(run.device)
         if run.compile and self.device.type == "cpu" and not has_cxx_compiler():
             raise ConfigError("train.compile", "true on a CPU needs a C++ compiler for torch.compile's code (g++ or "
