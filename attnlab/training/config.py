@@ -303,7 +303,9 @@ def _check_pattern(path: str, pattern: str) -> None:
 class RunConfig:
     """The loop: steps, precision, evaluation, checkpoints, stopping; speed and memory switches
     (`compile`, `activation_checkpointing`) and TensorBoard logging (see attnlab.training.trainer).
-    `threads`: at most 4096, capped to the CPUs with a warning."""
+    `check_memory`: before the first batch the run's peak memory is estimated and a run that
+    cannot fit is refused, naming the largest data.batch_size that does (attnlab.training.memory);
+    false skips the check. `threads`: at most 4096, capped to the CPUs with a warning."""
 
     out_dir: str = "runs/run"
     max_steps: int = 1000
@@ -324,6 +326,7 @@ class RunConfig:
     compile: bool = False  # torch.compile each transformer layer (compile time in the log and summary)
     activation_checkpointing: bool = False  # keep each layer's input only; recompute it in backward
     tensorboard: bool = False  # event files in OUT/tensorboard/ (pip install 'attnlab[tensorboard]')
+    check_memory: bool = True  # refuse a run whose estimated peak memory exceeds what is free (training.memory)
 
     def __post_init__(self) -> None:
         s = "train."

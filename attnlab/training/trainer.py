@@ -66,6 +66,7 @@ from attnlab.training.checkpoint import list_checkpoints, load_checkpoint, read_
 from attnlab.training.config import TrainConfig
 from attnlab.training.distributed import (all_reduce_sum, any_rank, data_parallel_loss, init_from_env, rank0_first,
                                           shard_task)
+from attnlab.training.memory import check_training_memory
 from attnlab.training.optim import Schedule, build_optimizer
 from attnlab.training.pipeline import Pipeline
 from attnlab.training.plot import write_loss_curve
@@ -148,6 +149,7 @@ class Trainer:
 
     Raises:
         ValueError: `parallel.tp` or `parallel.pp` above 1 without `mesh`; `task` without `model`.
+        ConfigError: a step that cannot fit in the memory there is (train.check_memory; attnlab.training.memory).
     """
 
     def __init__(self, config: TrainConfig, *, task: Any = None, pipeline: Pipeline | None = None,
@@ -193,6 +195,9 @@ class Trainer:
         if hasattr(task, "prepare"):
             task.prepare(model)  # freezing, re-initialisation: before the optimizer sees the parameters
         model = apply_lora(model, config.lora, seed=run.seed, log=self.log)  # LoRA adapters (config.lora), base frozen
+        check_training_memory(model, config, self.device, precision=self.precision, task=task)  # before any batch
+        if self.pipeline is not None:
+            self.pipeline.check_batches()  # data too short for one batch: refused now, not at the first evaluation
         self.model = model.to(self.device)
         self.mesh = mesh(self.model, self.parallel, config, task) if mesh is not None else None
         if run.activation_checkpointing:
