@@ -128,10 +128,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
+    from attnlab.training.threads import MAX_THREADS
+
     if args.steps is not None and args.steps <= 0:
         raise ValueError(f"--steps must be positive, got {args.steps}")
-    if args.threads is not None and args.threads <= 0:
-        raise ValueError(f"--threads must be positive, got {args.threads}")
+    if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
+        raise ValueError(f"--threads must be in [1, {MAX_THREADS}], got {args.threads} (more than the CPUs is capped "
+                         "to them)")
     if not args.minutes > 0:  # nan too
         raise ValueError(f"--minutes must be positive, got {args.minutes}")
     run(args.steps, args.seed, args.out, args.sample_chars, args.threads, args.minutes)

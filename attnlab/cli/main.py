@@ -250,12 +250,14 @@ def _file_in_traceback(err: BaseException) -> str | None:
 
 
 def _is_allocation_failure(err: BaseException) -> bool:
-    """torch's way of running out of memory: a RuntimeError from its allocator (CPU), or its
-    OutOfMemoryError (GPU)."""
+    """torch's way of running out of memory: a RuntimeError from its allocator (CPU), C++'s
+    std::bad_alloc passed on as one (a container of millions of tensors, under a memory limit),
+    or its OutOfMemoryError (GPU)."""
     if type(err).__name__ == "OutOfMemoryError":
         return True
     return isinstance(err, RuntimeError) and any(
-        s in str(err) for s in ("DefaultCPUAllocator: not enough memory", "DefaultCPUAllocator: can't allocate memory"))
+        s in str(err) for s in ("DefaultCPUAllocator: not enough memory", "DefaultCPUAllocator: can't allocate memory",
+                                "std::bad_alloc"))
 
 
 def _is_decode_error(err: BaseException) -> bool:

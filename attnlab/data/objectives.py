@@ -331,6 +331,19 @@ def _random_segmentation(n_items: int, n_segments: int, generator: torch.Generat
     return bounds.diff()
 
 
+def span_noise_counts(length: int, noise_density: float, mean_span_length: float) -> tuple[int, int]:
+    """(noise tokens, noise spans) of a row of `length` tokens under `span_noise_mask`: they depend
+    on the length alone, so every row of a span-corruption batch has the same lengths.
+
+    Example:
+        >>> span_noise_counts(100, 0.15, 3.0)
+        (15, 5)
+    """
+    num_noise = min(max(int(round(length * noise_density)), 1), length - 1)
+    num_spans = max(int(round(num_noise / mean_span_length)), 1)
+    return num_noise, min(num_spans, num_noise, length - num_noise)
+
+
 def span_noise_mask(length: int, noise_density: float, mean_span_length: float,
                     generator: torch.Generator) -> Tensor:
     """T5's random span mask for one row -> bool (length,), True on noise.
@@ -339,9 +352,7 @@ def span_noise_mask(length: int, noise_density: float, mean_span_length: float,
     spans (at least 1), span and gap lengths drawn as random segmentations, starting with a
     gap (non-noise).
     """
-    num_noise = min(max(int(round(length * noise_density)), 1), length - 1)
-    num_spans = max(int(round(num_noise / mean_span_length)), 1)
-    num_spans = min(num_spans, num_noise, length - num_noise)
+    num_noise, num_spans = span_noise_counts(length, noise_density, mean_span_length)
     noise = _random_segmentation(num_noise, num_spans, generator)
     keep = _random_segmentation(length - num_noise, num_spans, generator)
     lengths = torch.stack([keep, noise], dim=1).reshape(-1)  # keep, noise, keep, noise, ...

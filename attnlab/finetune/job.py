@@ -13,7 +13,7 @@ Config (JSON or YAML), read into a typed `FinetuneJobConfig` (errors name the do
     recipe:  attnlab.finetune.runner.Recipe fields (lr, layer_decay, reinit_layers, ...)
     seeds: [0]  probe_steps: 0  keep: 1   (the seed sweep; see attnlab.finetune.sweep)
     metric: the sweep's score (default mse for regression, else accuracy)
-    threads: optional torch threads;  out_dir: where the result goes
+    threads: optional torch threads, at most the CPUs;  out_dir: where the result goes
 
 Output folder:
 
@@ -45,11 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-
 from attnlab.config.load import from_dict, to_dict
 from attnlab.config.model import POOLINGS
-from attnlab.config.validate import ConfigError, check_types, choice, in_range, non_negative, positive
+from attnlab.config.validate import ConfigError, check_types, choice, in_range, non_negative
 from attnlab.io.progress import Progress
 from attnlab.finetune.data import LabelMap, read_examples
 from attnlab.finetune.loading import load_pretrained, with_head
@@ -60,6 +58,7 @@ from attnlab.finetune.token_runner import TokenFinetuner
 from attnlab.finetune.tokens import encode_word_labels, read_word_examples, word_label_map
 from attnlab.io.files import atomic_folder, atomic_write_text, json_text
 from attnlab.io.lock import RunLock
+from attnlab.training.threads import MAX_THREADS, set_threads
 
 LABELS_FILE = "labels.json"
 SETTINGS_FILE = "finetune.json"
@@ -125,7 +124,7 @@ class FinetuneJobConfig:
         if not 1 <= self.keep <= len(self.seeds):
             raise ConfigError("keep", f"expected an integer in [1, {len(self.seeds)}] (the seeds that continue "
                               f"past the probe), got {self.keep}")
-        positive("threads", self.threads, integer=True, optional=True)
+        in_range("threads", self.threads, 1, MAX_THREADS, integer=True, optional=True)
         if self.metric is None:
             self.metric = "mse" if self.head == "regression" else "accuracy"
         choice("metric", self.metric, METRICS[self.head])
@@ -210,8 +209,7 @@ def _run_job(job: FinetuneJobConfig, config: dict[str, Any] | FinetuneJobConfig,
     def resolve(p: str | None) -> Path | None:
         return _resolve(base, p)
 
-    if job.threads:
-        torch.set_num_threads(job.threads)
+    set_threads("threads", job.threads)  # capped to the CPUs, with a warning (attnlab.training.threads)
     data, head = job.data, job.head
     if head == "token_classification":
         words = {"words_column": data.text_column or "words", "labels_column": data.label_column or "labels"}

@@ -13,7 +13,9 @@ Memory per rank (parameters, gradients and optimizer in fp32, as attnlab trains 
     weights        4 p            p: this stage's parameters; tensor parallel splits the attention,
     gradients      4 p               feed-forward, vocabulary and per-head tables T ways
     Adam           8 p            (the two moments); FSDP: p -> p / D (each tensor's rows padded)
-    activations    per micro-batch, as `attnlab.inspect.cost` counts a layer's outputs (q, k, v,
+    activations    per micro-batch (attnlab.training.memory.stage_activations, the cost model the
+                   Trainer's memory check reads too: a run holds about AUTOGRAD_FACTOR times these
+                   outputs, see there), as `attnlab.inspect.cost` counts a layer's outputs (q, k, v,
                    the attention weights a kernel holds, the feed-forward hidden), times b and s;
                    the per-head and hidden parts split T ways, the (b, S, d) layer outputs not;
                    embeddings b S d on the first stage (an encoder-decoder's decoder: b Tt d where
@@ -48,7 +50,6 @@ grad_accum micro-batches: dp bytes times grad_accum).
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 import torch
@@ -58,10 +59,7 @@ from attnlab.config import ModelConfig
 from attnlab.models.embeddings import Embeddings
 from attnlab.parallel.cost import communication_cost, ring_factor, sharded_numel
 from attnlab.parallel.stages import check_pipeline_supported, shared_parameters, split_stages, stage_layers
-
-PARAM_BYTES = 4  # fp32 weights and gradients
-ADAM_BYTES = 8  # two fp32 moments per parameter
-_LAYER_ROW = re.compile(r"^(encoder\.|decoder\.)?layers\.(\d+)\.(.*)$")
+from attnlab.training.memory import ADAM_BYTES, PARAM_BYTES, layer_activations, layer_keys, stage_activations
 
 
 def _positive(name: str, value: Any) -> None:
@@ -109,25 +107,6 @@ def _fsdp_numel(module: nn.Module, dp: int) -> int:
     return sum(math.ceil(p.shape[0] / dp) * (p.numel() // p.shape[0]) if p.dim() else p.numel() for p in unique)
 
 
-def _layer_activations(config: ModelConfig, S: int, Tt: int, tp: int) -> dict[tuple[str, int], int]:
-    """Activation elements per layer for one row: (stack, index) -> elements on one tensor-parallel rank."""
-    from attnlab.inspect.cost import cost_table
-
-    encdec = config.arch == "encoder_decoder"
-    rows = cost_table(config, Tt if encdec else S, src_len=S if encdec else None)
-    D = config.d_model
-    out: dict[tuple[str, int], int] = {}
-    for row in rows:
-        match = _LAYER_ROW.match(row.name)
-        if match is None:
-            continue
-        stack, index, part = match.group(1) or "", int(match.group(2)), match.group(3)
-        queries = Tt if stack == "decoder." else S
-        whole = queries * D if part.endswith("projections") or part == "ffn" else 0  # the (T, d) output
-        out[(stack, index)] = out.get((stack, index), 0) + whole + (row.activations - whole) // tp
-    return out
-
-
 def plan_layout(config: ModelConfig, *, nproc: int, tp: int = 1, pp: int = 1, dp: int | None = None,
                 micro_batches: int = 1, seq_len: int = 512, batch: int = 8, tgt_len: int | None = None,
                 bytes_per_value: int = 4, fsdp: bool = False) -> dict[str, Any]:
@@ -173,13 +152,10 @@ def plan_layout(config: ModelConfig, *, nproc: int, tp: int = 1, pp: int = 1, dp
     D, V, s = config.d_model, config.vocab_size, bytes_per_value
     m, b = micro_batches, batch // micro_batches
     stages: list[nn.Module] = split_stages(model, pp) if pp > 1 else [model]
-    # every layer as (stack, index), an encoder-decoder's encoder first: the one stack the stages cut
-    stack = ([("encoder.", i) for i in range(config.num_layers)]
-             + [("decoder.", i) for i in range(config.resolved_decoder_layers)]) if encdec else \
-        [("", i) for i in range(config.num_layers)]
+    stack = layer_keys(config)  # every layer as (stack, index): the one stack the stages cut
     cuts = stage_layers(len(stack), pp)
     spans = [stack[r.start:r.stop] for r in cuts]
-    layer_act = _layer_activations(config, S, Tt, tp)
+    layer_act = layer_activations(config, S, Tt, tp)
     tp_cost = communication_cost(config, tp=tp, dp=1, seq_len=S, batch=b, tgt_len=tgt_len, bytes_per_value=s)
     shared = shared_parameters(model, stages) if pp > 1 else []
     vocabulary = {id(m.token.weight) for m in model.modules() if isinstance(m, Embeddings)}
@@ -189,15 +165,7 @@ def plan_layout(config: ModelConfig, *, nproc: int, tp: int = 1, pp: int = 1, dp
         split, replicated = sharded_numel(stage, tp)
         full_params = split // tp + replicated
         params = _fsdp_numel(stage, dp) if fsdp else full_params
-        act = b * sum(layer_act[key] for key in span)
-        act += b * S * D * (("", 0) in span or ("encoder.", 0) in span)  # the embeddings where their stack starts
-        act += b * Tt * D * (("decoder.", 0) in span)
-        V_rank = -(-V // tp)  # the vocabulary slice of a rank (padded when tp does not divide V)
-        if last and config.head == "lm":
-            act += b * Tt * V_rank
-        elif last and config.head == "mlm":
-            act += b * S * D + b * S * V_rank
-        act *= s
+        act = b * stage_activations(config, span, layer_act, S, Tt, tp=tp, last=last) * s
         gpipe = act * (m if pp > 1 else 1)
         one_f_one_b = act * min(m, pp - index)
         fwd, bwd = _tp_stage_bytes(tp_cost, span, last, pp)

@@ -36,6 +36,7 @@ from attnlab.data.packing import PACKINGS  # plain | document_masked | pad (data
 from attnlab.training.objectives import OBJECTIVES
 from attnlab.training.signals import STOP_SIGNALS  # SIGTERM | SIGUSR1 | ... (train.stop_signals)
 from attnlab.training.precision import PRECISIONS  # auto | fp32 | bf16 | fp16 (resolved where a run starts)
+from attnlab.training.threads import MAX_THREADS
 
 __all__ = ["DataConfig", "LoraConfig", "OptimConfig", "ParallelConfig", "RunConfig", "ScheduleConfig",
            "TokenizerConfig", "TrainConfig", "TrainModelConfig", "absolute_paths", "apply_overrides", "load_config",
@@ -304,7 +305,10 @@ def _check_pattern(path: str, pattern: str) -> None:
 @dataclass
 class RunConfig:
     """The loop: steps, precision, evaluation, checkpoints, stopping; speed and memory switches
-    (`compile`, `activation_checkpointing`) and TensorBoard logging (see attnlab.training.trainer)."""
+    (`compile`, `activation_checkpointing`) and TensorBoard logging (see attnlab.training.trainer).
+    `check_memory`: before the first batch the run's peak memory is estimated and a run that
+    cannot fit is refused, naming the largest data.batch_size that does (attnlab.training.memory);
+    false skips the check. `threads`: at most 4096, capped to the CPUs with a warning."""
 
     out_dir: str = "runs/run"
     max_steps: int = 1000
@@ -321,12 +325,13 @@ class RunConfig:
     early_stopping_patience: int | None = None  # evaluations without improvement
     nan_policy: str = "stop"
     bleu_samples: int = 200  # seq2seq: sentences decoded for BLEU/chrF at each evaluation
-    threads: int | None = None  # torch.set_num_threads; None = leave as is
+    threads: int | None = None  # torch.set_num_threads, at most the CPUs (training.threads); None = leave as is
     compile: bool = False  # torch.compile each transformer layer (compile time in the log and summary)
     activation_checkpointing: bool = False  # keep each layer's input only; recompute it in backward
     tensorboard: bool = False  # event files in OUT/tensorboard/ (pip install 'attnlab[tensorboard]')
     # besides Ctrl-C: signals that finish the step, checkpoint and stop (training.signals); [] for none
     stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
+    check_memory: bool = True  # refuse a run whose estimated peak memory exceeds what is free (training.memory)
 
     def __post_init__(self) -> None:
         s = "train."
@@ -334,8 +339,8 @@ class RunConfig:
         for name in ("max_steps", "grad_accum", "log_every", "eval_every", "eval_batches", "checkpoint_every",
                      "keep_last"):
             positive(s + name, getattr(self, name), integer=True)
-        for name in ("early_stopping_patience", "threads"):
-            positive(s + name, getattr(self, name), integer=True, optional=True)
+        positive(s + "early_stopping_patience", self.early_stopping_patience, integer=True, optional=True)
+        in_range(s + "threads", self.threads, 1, MAX_THREADS, integer=True, optional=True)
         positive(s + "max_minutes", self.max_minutes, optional=True)
         non_negative(s + "bleu_samples", self.bleu_samples, integer=True)
         in_range(s + "seed", self.seed, 0, MAX_SEED, integer=True)

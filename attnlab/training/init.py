@@ -45,7 +45,9 @@ from attnlab.training.pretrain import PretrainTask
 
 def pretrain_setup(config: TrainConfig, out: Path, *, pipeline: Pipeline | None = None, model: nn.Module | None = None,
                    show_progress: bool = True, log: Callable[[str], None] = print) -> tuple[PretrainTask, nn.Module]:
-    """The task of `config.data` and the model to train on it (module docstring).
+    """The task of `config.data` and the model to train on it (module docstring). A pipeline
+    built here has not drawn a batch yet: the Trainer first checks that its batches fit in memory
+    (attnlab.training.memory), then draws them (`Pipeline.check_batches`).
 
     Raises:
         ValueError: init_from is not a model folder, or the pretrained model does not fit the objective.
@@ -59,7 +61,7 @@ def pretrain_setup(config: TrainConfig, out: Path, *, pipeline: Pipeline | None 
         log(f"model.init_from: {init_from} ({model.config.arch}, vocabulary {model.config.vocab_size})")
     _check_lora_early(config, model)
     if pipeline is None:
-        pipeline = Pipeline.build(config.data, out, show_progress=show_progress, tokenizer=tokenizer)
+        pipeline = Pipeline.build(config.data, out, show_progress=show_progress, tokenizer=tokenizer, check=False)
     if model is None:
         from attnlab.models import build_model
 

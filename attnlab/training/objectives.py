@@ -85,6 +85,13 @@ class Objective:
         for _ in range(num_batches):
             yield self.train_batch(cfg, tok, files, generator)
 
+    def row_lengths(self, cfg: Any) -> tuple[int, int | None]:
+        """(S, Tt): the most tokens a row of a training batch holds, padding included, on the
+        source (or only) side and on an encoder-decoder's target side (None for one stack), read
+        from the config alone (the memory estimate, attnlab.training.memory). By default
+        data.seq_len tokens on one side."""
+        return cfg.seq_len, None
+
 
 def _lm_special_tokens(tokenizer_kind: str) -> list[str]:
     # byte-level BPE needs no <unk>, and GPT-2 pads with its one special token
@@ -195,6 +202,11 @@ class SpanCorruption(Objective):
         return {"src_ids": sc["input_ids"], "tgt_ids": torch.cat([start, sc["labels"][:, :-1]], 1),
                 "labels": sc["labels"]}
 
+    def row_lengths(self, cfg):
+        # the kept tokens and a sentinel per span + EOS; a sentinel per span, the noise, a last sentinel + EOS
+        noise, spans = batches.span_noise_counts(cfg.seq_len, cfg.noise_density, cfg.mean_span_length)
+        return cfg.seq_len - noise + spans + 1, noise + spans + 2
+
 
 class EncoderDecoderLM(Objective):
     """T5's prefix LM for an encoder-decoder: a window cut at a uniform random point, the prefix
@@ -210,6 +222,9 @@ class EncoderDecoderLM(Objective):
         # T5 starts decoding from the pad id, and ends source and target with EOS
         return batches.encoder_decoder_lm(windows, generator, pad_id=tok.pad_token_id, start_id=tok.pad_token_id,
                                           eos_id=tok.eos_token_id)
+
+    def row_lengths(self, cfg):
+        return cfg.seq_len, cfg.seq_len  # a prefix of up to seq_len - 1 tokens + EOS; start + the rest
 
 
 def pairs_batch(cfg: Any, tok: Any, files: Any, index: Sequence[int] | np.ndarray) -> dict[str, Tensor]:
@@ -249,6 +264,9 @@ class Seq2Seq(Objective):
             index = bucketed_batch(order, src, tgt, cfg.batch_tokens, generator)
         return pairs_batch(cfg, tok, files, index)
 
+    def row_lengths(self, cfg):
+        return cfg.max_pair_len + 1, cfg.max_pair_len + 1  # each side cut, + EOS (source) or the start (target)
+
     def eval_batches(self, cfg, tok, files, num_batches):
         n = min(files[0].num_documents, num_batches * cfg.batch_size)
         for i in range(0, n, cfg.batch_size):
@@ -277,6 +295,9 @@ class PairsLM(Objective):
             order, src, tgt = _pair_lengths(files, cfg.max_pair_len)
             index = bucketed_batch(order, src, tgt, cfg.batch_tokens, generator)
         return self._batch(cfg, tok, files, index)
+
+    def row_lengths(self, cfg):
+        return 2 * cfg.max_pair_len + 1, None  # source SEP target, each side cut at max_pair_len
 
     def eval_batches(self, cfg, tok, files, num_batches):
         n = min(files[0].num_documents, num_batches * cfg.batch_size)

@@ -11,6 +11,7 @@ otherwise than plainly (`data.pack` `document_masked` or `pad`) come from attnla
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -253,12 +254,18 @@ class Pipeline:
     tokenizer: Any
     train: Any  # TokenFile, or (src TokenFile, tgt TokenFile) for pairs
     valid: Any
+    # how check_batches names the splits (`SourceSplit.describe`), and whether it has drawn their first batches
+    split_names: tuple[str, str] = dataclasses.field(default=("the training split", "the validation split"),
+                                                     repr=False, compare=False)
+    checked: bool = dataclasses.field(default=False, repr=False, compare=False)
 
     @classmethod
     def build(cls, cfg: DataConfig, out_dir: str | os.PathLike | None = None, *, show_progress: bool = True,
-              tokenizer: Any = None) -> "Pipeline":
+              tokenizer: Any = None, check: bool = True) -> "Pipeline":
         """Resolve the splits (`source_splits`), build or load the tokenizer (or take `tokenizer`,
-        a pretrained model's), tokenise both splits (cached), and draw a first batch of each.
+        a pretrained model's), tokenise both splits (cached), and draw a first batch of each
+        (`check_batches`; check=False leaves that to the caller: the Trainer draws them once its
+        memory check has passed, since a batch too large for the machine is spent there first).
 
         Raises:
             FileNotFoundError: a source that does not exist.
@@ -294,8 +301,9 @@ class Pipeline:
                 total = split.path.stat().st_size if whole else None
                 splits[name] = cls._token_file(prefix, split.read_pieces(cfg.text_field), tok, eos, show_progress,
                                                total)
-        pipeline = cls(cfg, tok, splits["train"], splits["valid"])
-        pipeline.check_batches(train_split.describe(), valid_split.describe())
+        pipeline = cls(cfg, tok, splits["train"], splits["valid"], (train_split.describe(), valid_split.describe()))
+        if check:
+            pipeline.check_batches()
         return pipeline
 
     @staticmethod
@@ -305,15 +313,18 @@ class Pipeline:
         return TokenFile.build(prefix, pieces, tok.encode, tok.vocab_size, eos_id=eos, total_chars=total,
                                source=str(prefix.name), show_progress=show_progress)
 
-    def check_batches(self, train: str = "the training split", valid: str = "the validation split") -> None:
+    def check_batches(self, train: str | None = None, valid: str | None = None) -> None:
         """Draw one training batch and the first validation batch now: data too short for the
         objective (an empty validation file, a text shorter than a window) is refused before the
         first step, not met at the first evaluation with nothing saved. `train`/`valid` name the
-        splits in the error.
+        splits in the error (default: `split_names`). Done once: a later call returns at once.
 
         Raises:
             ValueError: naming the split, its size, the objective and data.seq_len.
         """
+        if self.checked:
+            return
+        train, valid = train or self.split_names[0], valid or self.split_names[1]
         fits = f"data.objective={self.cfg.objective!r} with data.seq_len={self.cfg.seq_len}"
         if self.cfg.pack != "plain":
             fits += f" and data.pack={self.cfg.pack!r}"
@@ -331,6 +342,7 @@ class Pipeline:
             more = "a larger data.valid_fraction" if self.cfg.valid_fraction is not None else "more validation data"
             raise ValueError(f"{valid} ({_size(self.valid)}) fills no validation batch of {fits}; give {more} or a "
                              "smaller data.seq_len")
+        self.checked = True
 
     # ---------------------------------------------------------------- model-side facts
     def model_overrides(self, arch: str | None = None) -> dict[str, Any]:

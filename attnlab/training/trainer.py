@@ -70,6 +70,7 @@ from attnlab.training.checkpoint import list_checkpoints, load_checkpoint, read_
 from attnlab.training.config import TrainConfig, absolute_paths
 from attnlab.training.distributed import (all_reduce_sum, any_rank, data_parallel_loss, init_from_env, rank0_first,
                                           shard_task)
+from attnlab.training.memory import check_training_memory
 from attnlab.training.optim import Schedule, build_optimizer
 from attnlab.training.pipeline import Pipeline
 from attnlab.training.plot import write_loss_curve
@@ -79,6 +80,7 @@ from attnlab.training.speedups import CompileClock, checkpoint_activations, comp
 from attnlab.training.steps import count_tokens, to_device
 from attnlab.training.task import with_balance_loss
 from attnlab.training.tensorboard import TensorBoardLog, require_tensorboard, text_samples
+from attnlab.training.threads import set_threads
 from attnlab.io.files import append_line, atomic_write_json, atomic_write_text, json_text
 from attnlab.io.lock import RunLock
 
@@ -158,6 +160,7 @@ class Trainer:
 
     Raises:
         ValueError: `parallel.tp` or `parallel.pp` above 1 without `mesh`; `task` without `model`.
+        ConfigError: a step that cannot fit in the memory there is (train.check_memory; attnlab.training.memory).
     """
 
     def __init__(self, config: TrainConfig, *, task: Any = None, pipeline: Pipeline | None = None,
@@ -170,8 +173,7 @@ class Trainer:
         run = config.train
         if run.tensorboard:
             require_tensorboard()  # before any data is prepared
-        if run.threads:
-            torch.set_num_threads(run.threads)
+        set_threads("train.threads", run.threads)  # capped to the CPUs, with a warning (training.threads)
         self.device = pick_device(run.device)
         if run.compile and self.device.type == "cpu" and not has_cxx_compiler():
             raise ConfigError("train.compile", "true on a CPU needs a C++ compiler for torch.compile's code (g++ or "
@@ -204,6 +206,9 @@ class Trainer:
         if hasattr(task, "prepare"):
             task.prepare(model)  # freezing, re-initialisation: before the optimizer sees the parameters
         model = apply_lora(model, config.lora, seed=run.seed, log=self.log)  # LoRA adapters (config.lora), base frozen
+        check_training_memory(model, config, self.device, precision=self.precision, task=task)  # before any batch
+        if self.pipeline is not None:
+            self.pipeline.check_batches()  # data too short for one batch: refused now, not at the first evaluation
         self.model = model.to(self.device)
         self.mesh = mesh(self.model, self.parallel, config, task) if mesh is not None else None
         if run.activation_checkpointing:

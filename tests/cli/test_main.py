@@ -90,6 +90,7 @@ def test_attnlab_help_imports_no_torch():
     (pickle.UnpicklingError("invalid load key, 'x'."), "invalid load key, 'x'."),
     (EOFError("Ran out of input"), "Ran out of input"),
     (MemoryError(), "out of memory (MemoryError); ask for less"),
+    (RuntimeError("std::bad_alloc"), "out of memory (std::bad_alloc); ask for less"),  # issue 32, under ulimit -v
 ])
 def test_user_errors_are_one_line_naming_the_file(err, expected):
     assert describe_error(err) == (f"error: {expected}", 2)

@@ -1,6 +1,7 @@
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -175,6 +176,34 @@ def test_a_second_train_on_a_held_out_dir_is_refused_naming_the_holder(tmp_path,
         holder.wait()
     assert main(["train", str(cfg)]) == 0  # its holder gone, the lock is stale: taken over with a note
     assert "took over" in capsys.readouterr().err and not lock.exists()
+
+
+def test_a_batch_that_cannot_fit_is_refused_in_seconds_naming_the_largest_that_fits(tmp_path):
+    """Issue 32: data.batch_size 100000000 grew to 18.6 GB drawing its first batch until the OOM
+    killer ended it, with no message. Run under an address-space limit, so that a regression
+    fails here rather than eating the machine."""
+    import resource
+    import time
+    from pathlib import Path
+
+    guard = 8 * 2 ** 30
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "ATTNLAB_CACHE": str(tmp_path / "cache"), "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "attnlab.cli.main", "train", str(_config_file(tmp_path)),
+                           "--data.batch_size", "100000000"], capture_output=True, text=True, env=env, cwd=root,
+                          timeout=120, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (guard, guard)))
+    seconds = time.monotonic() - start
+    assert done.returncode == 2, done.stderr
+    assert seconds < 10
+    lines = [line for line in done.stderr.splitlines() if line.startswith("attnlab train:")]  # not the progress
+    assert len(lines) == 1 and done.stderr.strip().endswith(lines[0]), done.stderr
+    assert lines[0].startswith("attnlab train: error: data.batch_size: 100,000,000 ("), lines
+    largest = re.search(r"need about [\d,.]+ GiB at the peak of a training step \(.*\), but [\d,.]+ [GM]iB is "
+                        r"available \(.+\); the largest data\.batch_size that fits is ([\d,]+): lower it, or set "
+                        r"train\.check_memory to false", lines[0])
+    assert largest is not None, lines[0]
+    assert 0 < int(largest.group(1).replace(",", "")) < 100_000_000
 
 
 def _popen_train(config, env_dir, *extra):

@@ -117,6 +117,12 @@ def test_config_errors_name_the_dotted_field(changes, message):
     assert str(err.value).startswith(message)
 
 
+def test_an_absurd_thread_count_is_refused_on_load():
+    # on load, not where the job starts: torch.set_num_threads(100000) crashes the process (SIGSEGV)
+    with pytest.raises(ConfigError, match=r"^threads: expected an integer in \[1, 4096\] or null, got 100000$"):
+        FinetuneJobConfig.from_dict(_config(threads=100000))
+
+
 def test_a_job_config_round_trips_and_defaults_its_metric_by_head():
     job = FinetuneJobConfig.from_dict(_config(head="regression", recipe={"lr": 1e-4}))
     assert job.metric == "mse" and job.recipe.lr == 1e-4 and job.data.text_column is None

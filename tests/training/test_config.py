@@ -151,7 +151,10 @@ def test_zero_is_refused_unless_it_means_something(path, integer):
 
 
 @pytest.mark.parametrize("data,match", [
-    ({"train": {"threads": 0}}, r"train\.threads: expected an integer > 0 or null, got 0"),
+    ({"train": {"threads": 0}}, r"train\.threads: expected an integer in \[1, 4096\] or null, got 0"),
+    # issue 32: torch.set_num_threads(100000) crashes the process at its first parallel region
+    ({"train": {"threads": 100000}}, r"train\.threads: expected an integer in \[1, 4096\] or null, got 100000"),
+    ({"train": {"check_memory": "yes"}}, r"train\.check_memory: expected true or false, got 'yes'"),
     ({"train": {"max_minutes": -1}}, r"train\.max_minutes: expected a number > 0 or null, got -1"),
     ({"train": {"seed": 2 ** 64}}, r"train\.seed: expected an integer in \[0, "),
     ({"data": {"tokenizer": {"kind": "bpe", "vocab_size": 200}}},

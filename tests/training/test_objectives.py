@@ -13,7 +13,7 @@ from attnlab.data import objectives as batches
 from attnlab.training import TrainConfig, Trainer
 from attnlab.training.config import DataConfig, objective_fields
 from attnlab.training.objectives import OBJECTIVES, Objective
-from tests.training.helpers import tiny_config
+from tests.training.helpers import WORDS, tiny_config, write_corpus
 
 
 pytestmark = pytest.mark.usefixtures("isolated_cache")
@@ -132,3 +132,39 @@ def test_encoder_decoder_lm_trains_on_a_window_cut_in_two(tmp_path):
         assert src[:-1] + labels[:-1] == window
         assert batch["tgt_ids"][r, 0] == tok.pad_token_id  # T5 decodes from the pad id
         assert batch["tgt_ids"][r, 1:n_tgt].tolist() == labels[:-1]
+
+
+def _pairs(tmp_path) -> str:
+    """Pairs on both sides longer than max_pair_len (8 characters), so batches reach the cut."""
+    rows = [(" ".join(WORDS[i % 5: i % 5 + 4]), " ".join(WORDS[i % 7: i % 7 + 3])) for i in range(40)]
+    path = tmp_path / "pairs.tsv"
+    path.write_text("".join(f"{s}\t{t}\n" for s, t in rows))
+    return str(path)
+
+
+@pytest.mark.parametrize("name", list(OBJECTIVES))
+def test_row_lengths_bound_every_batch_and_are_reached(tmp_path, name):
+    """`row_lengths` is what the memory estimate reads (attnlab.training.memory): no training batch
+    is wider; fixed-length objectives reach it exactly, and batches of pairs longer than
+    max_pair_len reach it too. encoder_decoder_lm cuts each window in two at random: its rows
+    together hold the window + 2 tokens."""
+    from attnlab.training.pipeline import Pipeline
+
+    write_corpus(tmp_path)
+    spec = OBJECTIVES[name]
+    source = _pairs(tmp_path) if spec.pairs else str(tmp_path / "train.txt")
+    valid = source if spec.pairs else str(tmp_path / "valid.txt")
+    data = DataConfig(source=source, valid=valid, objective=name, seq_len=24, batch_size=4, max_pair_len=8)
+    pipe = Pipeline.build(data, tmp_path / "run", show_progress=False)
+    S, Tt = spec.row_lengths(data)
+    assert (Tt is not None) == (spec.arch == "encoder_decoder")
+    generator = torch.Generator().manual_seed(0)
+    widths = []
+    for _ in range(10):
+        batch = pipe.train_batch(generator)
+        widths.append((batch["src_ids"].shape[1], batch["tgt_ids"].shape[1]) if Tt else (batch["input_ids"].shape[1],))
+    assert all(w[0] <= S for w in widths) and all(w[1] <= Tt for w in widths if Tt)
+    if name == "encoder_decoder_lm":
+        assert all(sum(w) >= data.seq_len + 2 for w in widths)
+    else:
+        assert max(widths) == ((S, Tt) if Tt else (S,))

@@ -175,6 +175,27 @@ def test_a_validation_text_shorter_than_a_window_is_refused(tmp_path, isolated_c
         Pipeline.build(cfg, tmp_path / "run", show_progress=False)
 
 
+def test_a_pipeline_built_without_drawing_draws_once_later_naming_its_splits(tmp_path, isolated_cache, monkeypatch):
+    """The Trainer builds its pipeline with check=False and draws the first batches after its
+    memory check (attnlab.training.memory): the messages still name the split, and a pipeline
+    draws them once."""
+    (tmp_path / "train.txt").write_text("\n".join(_lines(100)))
+    (tmp_path / "valid.txt").write_text("king")
+    drawn = []
+    monkeypatch.setattr(Pipeline, "make_batch", lambda self, files, generator: drawn.append(files) or {})
+    cfg = _text_config(tmp_path / "train.txt", valid=str(tmp_path / "valid.txt"))
+    pipe = Pipeline.build(cfg, tmp_path / "run", show_progress=False, check=False)
+    assert drawn == []
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match=r"data\.valid '.*valid\.txt' \(5 tokens\) fills no validation batch"):
+        pipe.check_batches()
+    (tmp_path / "valid.txt").write_text("\n".join(_lines(10)))
+    pipe = Pipeline.build(cfg, tmp_path / "run2", show_progress=False)  # drawn here
+    monkeypatch.setattr(Pipeline, "make_batch", lambda self, files, generator: drawn.append(files) or {})
+    pipe.check_batches()
+    assert drawn == []
+
+
 def test_a_tiny_source_with_a_fraction_is_refused(tmp_path, isolated_cache):
     path = tmp_path / "all.txt"
     path.write_text("\n".join(_lines(6)) + "\n")
