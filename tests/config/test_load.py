@@ -10,7 +10,8 @@ import pytest
 import attnlab.config.model as model_configs
 import attnlab.training.config as train_configs
 from attnlab import presets
-from attnlab.config import ConfigError, ConfigTypeError, ModelConfig, apply_overrides, from_dict, load_config, to_dict
+from attnlab.config import (ConfigError, ConfigTypeError, ModelConfig, apply_overrides, from_dict, load_config,
+                            load_config_file, to_dict)
 from attnlab.training.config import TrainConfig
 
 MODULES = [model_configs, train_configs]
@@ -186,3 +187,25 @@ def test_nan_and_infinity_are_refused_from_yaml_json_and_overrides(tmp_path, nam
     (tmp_path / name).write_text(text)
     with pytest.raises(ConfigError, match=rf"^{re.escape(path)}: expected a finite number, got (nan|-?inf)$"):
         load_config(TrainConfig, tmp_path / name, overrides)
+
+
+@pytest.mark.parametrize("name, text, key, line, first", [
+    ("run.yaml", "optim:\n  lr: 0.01\n  eps: 1.0e-8\n  lr: 0.02\n", "lr", 4, 2),
+    ("run.yml", "train:\n  max_steps: 2\ntrain:\n  max_steps: 3\n", "train", 3, 1),
+    ("run.json", '{"optim": {"lr": 0.01,\n  "betas": [0.9, 0.99],\n  "nested": {"lr": 1},\n  "lr": 0.02}}', "lr", 4, 1),
+    ("run.json", '{\n  "data": {"source": "a.txt"},\n  "model": {},\n  "data": {"source": "b.txt"}\n}', "data", 4, 2),
+])
+def test_a_key_given_twice_is_refused_with_the_file_and_line(tmp_path, name, text, key, line, first):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError) as err:
+        load_config_file(tmp_path / name)
+    assert str(err.value).startswith(f"{tmp_path / name}, line {line}: key {key!r} is given twice in the same "
+                                     f"mapping (first at line {first})"), str(err.value)
+
+
+def test_the_same_key_in_different_mappings_and_yaml_merge_keys_are_fine(tmp_path):
+    (tmp_path / "a.yaml").write_text("base: &b\n  lr: 1\n  eps: 2\noptim:\n  <<: *b\n  lr: 3\ntrain:\n  lr: 4\n")
+    assert load_config_file(tmp_path / "a.yaml") == {"base": {"lr": 1, "eps": 2}, "optim": {"lr": 3, "eps": 2},
+                                                   "train": {"lr": 4}}
+    (tmp_path / "a.json").write_text('{"optim": {"lr": 1, "x": {"lr": 2}}, "lr": [{"lr": 3}, {"lr": 4}]}')
+    assert load_config_file(tmp_path / "a.json") == {"optim": {"lr": 1, "x": {"lr": 2}}, "lr": [{"lr": 3}, {"lr": 4}]}
