@@ -216,10 +216,12 @@ def _run_job(job: FinetuneJobConfig, config: dict[str, Any] | FinetuneJobConfig,
     if head == "token_classification":
         words = {"words_column": data.text_column or "words", "labels_column": data.label_column or "labels"}
         read = lambda path: read_word_examples(path, **words)  # noqa: E731
+        inputs = {"words_column": words["words_column"]}
     else:
         columns = {"text_column": data.text_column or "text", "text_pair_column": data.text_pair_column,
                    "label_column": data.label_column or "label"}
         read = lambda path: read_examples(path, **columns)  # noqa: E731
+        inputs = {k: columns[k] for k in ("text_column", "text_pair_column")}
     train = read(resolve(data.train))
     valid = read(resolve(data.valid))
     test = read(resolve(data.test)) if data.test else None
@@ -298,7 +300,7 @@ def _run_job(job: FinetuneJobConfig, config: dict[str, Any] | FinetuneJobConfig,
         atomic_write_text(out / "confusion.txt", f"{split} confusion matrix (rows gold, columns predicted)\n{table}\n")
         plot_confusion(matrix, labels.labels, out / "confusion.png", title=f"{split} confusion")
         log(f"{split} confusion matrix (rows gold, columns predicted):\n{table}")
-    _save(best, tokenizer, labels, out / "model")
+    _save(best, tokenizer, labels, out / "model", inputs)
     atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in best.history))
     summary["seconds"] = round(time.perf_counter() - start, 1)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
@@ -307,14 +309,16 @@ def _run_job(job: FinetuneJobConfig, config: dict[str, Any] | FinetuneJobConfig,
     return summary
 
 
-def _save(run: Finetuner, tokenizer: Any, labels: LabelMap, folder: Path) -> None:
+def _save(run: Finetuner, tokenizer: Any, labels: LabelMap, folder: Path, inputs: dict[str, str | None]) -> None:
     """attnlab.save of the model and tokenizer with labels.json and finetune.json beside them, the
-    whole folder written atomically (an earlier job's model folder is replaced as a whole)."""
+    whole folder written atomically (an earlier job's model folder is replaced as a whole).
+    `inputs`: the columns the model read (text_column and text_pair_column, None for single
+    texts; or words_column), so that `attnlab predict` refuses a pair model given one text."""
     from attnlab.io.files import atomic_folder
     from attnlab.interop.serialization import save
 
     settings = {"max_length": run.recipe.max_length, "padding_side": run.recipe.padding_side, "pad_id": run.pad_id,
-                "label_position": run.recipe.label_position}
+                "label_position": run.recipe.label_position, **inputs}
     from attnlab.nn.lora import lora_layers, merged_copy
 
     model = merged_copy(run.model) if lora_layers(run.model) else run.model  # LoRA: the adapters merged in
