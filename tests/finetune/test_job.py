@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,22 @@ def test_a_fresh_job_refuses_an_out_dir_with_checkpoints(tmp_path):
         run_finetune(config, log=lambda _: None, show_progress=False)
     summary = run_finetune(config, log=lambda _: None, show_progress=False, resume=True)  # nothing left to train
     assert summary["labels"] == ["blue", "green", "red"]
+
+
+def test_characters_a_char_tokenizer_lacks_are_warned_once_per_data_file(tmp_path):
+    tok = Tokenizer.train([WORDS] * 3, kind="char")
+    attnlab.save(tiny("encoder", num_layers=1, vocab_size=tok.vocab_size), tmp_path / "base", tokenizer=tok)
+    rows = colour_rows(12)
+    write_csv(tmp_path / "t.csv", ["text", "label"], rows)
+    write_csv(tmp_path / "v.csv", ["text", "label"], [(f"{t} café", y) for t, y in rows[:4]] + rows[4:])
+    config = {"model": str(tmp_path / "base"), "data": {"train": str(tmp_path / "t.csv"), "valid": str(tmp_path / "v.csv")},
+              "recipe": {"max_steps": 1, "batch_size": 4}, "out_dir": str(tmp_path / "out")}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_finetune(config, log=lambda _: None, show_progress=False)
+    said = [str(w.message) for w in caught if "character vocabulary" in str(w.message)]
+    assert said == [f"{tmp_path / 'v.csv'}: 4 character(s) are not in the character vocabulary and are encoded as "
+                    "'<unk>' (1 distinct, most frequent: 'é'); train the tokenizer on text that holds them"]
 
 
 def _config(**changes):
