@@ -132,7 +132,7 @@ class SourceSplit:
             if not self.read_pairs():
                 raise ValueError(f"{self.describe()}: no sentence pairs in it (an empty file, or no row with both "
                                  "a source and a target)")
-        elif not any(True for _ in read_pieces(self.path, text_field=text_field)):
+        elif not any(piece.strip() for piece, _ in read_pieces(self.path, text_field=text_field)):
             raise ValueError(f"{where}: no text in it (an empty file, or blank lines only)")
 
 

@@ -44,3 +44,14 @@ def test_other_tokenizers_are_not_checked_by_character(tmp_path, isolated_cache,
     cfg = DataConfig(source=str(tmp_path / "train.txt"), valid=str(tmp_path / "valid.txt"), seq_len=8, batch_size=2,
                      tokenizer={"kind": kind, "vocab_size": size})
     assert _build(cfg, tmp_path / "run")[1] == []
+
+
+@pytest.mark.parametrize("name, content", [("train.jsonl", '{"text": ""}\n{"text": "  \\n "}\n'),
+                                           ("train.txt", "\n \n\t\n")])
+def test_a_source_of_blank_texts_is_refused_before_a_tokenizer_is_trained(tmp_path, isolated_cache, name, content):
+    (tmp_path / name).write_text(content)
+    (tmp_path / "valid.txt").write_text(" ".join(WORDS) + "\n")
+    cfg = DataConfig(source=str(tmp_path / name), valid=str(tmp_path / "valid.txt"), seq_len=8, batch_size=2)
+    with pytest.raises(ValueError, match=rf"^data.source {str(tmp_path / name)!r}: no text in it"):
+        Pipeline.build(cfg, tmp_path / "run", show_progress=False)
+    assert not (tmp_path / "run").exists()  # no tokenizer.json trained on nothing
