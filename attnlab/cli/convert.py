@@ -100,7 +100,9 @@ def _run(args: argparse.Namespace) -> int:
         model = from_hf(src) if kind == "hf" else load(src)
     to = args.to or ("attnlab" if kind == "hf" else "hf")
     tokenizer = None if args.no_tokenizer else _tokenizer(tokenizer_folder)
-    print(model.config.to_json())
+    if args.print_config:  # the model's config as it will be written, and nothing written
+        print(model.config.to_json())
+        return 0
     if to == "attnlab":
         save(model, dst, tokenizer=tokenizer)
     else:
@@ -129,4 +131,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--family", choices=("gpt2", "bert", "bart", "marian", "t5"), default=None,
                         help="with --to hf: the Hugging Face family (default: picked from the config)")
     parser.add_argument("--no-tokenizer", action="store_true", help="do not carry a tokenizer over")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the model's config (JSON) and stop, writing nothing")
     parser.set_defaults(func=_run)

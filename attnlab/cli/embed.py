@@ -10,7 +10,6 @@ so the rows line up with the input.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -75,7 +74,9 @@ def _embed_rows(texts: list[str], encoder, embed, **kw) -> np.ndarray:
 
 
 def _jsonl(texts: list[str], vectors: np.ndarray) -> bytes:
-    rows = [json.dumps({"text": t, "embedding": [round(float(x), 7) for x in v]}, ensure_ascii=False)
+    from attnlab.io.files import json_text
+
+    rows = [json_text({"text": t, "embedding": [round(float(x), 7) for x in v]}, ensure_ascii=False)
             for t, v in zip(texts, vectors)]
     return ("\n".join(rows) + "\n").encode("utf-8")
 

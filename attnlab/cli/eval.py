@@ -7,7 +7,6 @@ checkpoint folder. Prints the validation loss and perplexity (and BLEU/chrF for 
 from __future__ import annotations
 
 import argparse
-import json
 
 
 def evaluate_checkpoint(path: str, which: str = "best", batches: int | None = None) -> dict:
@@ -58,5 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def _main(args: argparse.Namespace) -> int:
     if args.batches is not None and args.batches <= 0:
         raise ValueError(f"--batches must be positive, got {args.batches}")
-    print(json.dumps(evaluate_checkpoint(args.checkpoint, args.which, args.batches), indent=2))
+    from attnlab.io.files import json_text
+
+    print(json_text(evaluate_checkpoint(args.checkpoint, args.which, args.batches), indent=2))
     return 0

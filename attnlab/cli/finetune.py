@@ -10,8 +10,10 @@ data rows hold words and one label per word (JSONL lists, or space-separated CSV
 metrics are over words (token accuracy, macro-F1) and words cut by max_length are counted.
 Each seed trains on the one training loop with checkpoints under out_dir/runs/; `--resume`
 continues an interrupted job and ends as the uninterrupted one would (with no checkpoint there
-yet it warns and starts afresh). Ctrl-C saves the current seed's checkpoint after its step,
-prints the command that resumes the job and exits with 130. An out_dir that holds an earlier
+yet it warns and starts afresh). Ctrl-C (or SIGTERM / SIGUSR1: a scheduler's preemption) saves the
+current seed's checkpoint after its step, prints the command that resumes the job and exits with
+128 + the signal's number (130, 143, 138). One line tells the setup; `--print-config` prints the
+resolved config and stops. An out_dir that holds an earlier
 job's model or checkpoints is refused unless `--overwrite`; a job running on the out_dir refuses a
 second one (out_dir/.attnlab.lock).
 """
@@ -36,6 +38,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-steps", type=int, default=None, help="override recipe.max_steps")
     parser.add_argument("--resume", action="store_true",
                         help="continue an interrupted job from its checkpoints (out_dir/runs), exactly")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config (every field, defaults included) and stop")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace the fine-tuned model and checkpoints of an earlier job in out_dir")
     parser.set_defaults(func=_main)
@@ -54,7 +58,15 @@ def _main(args: argparse.Namespace) -> int:
         config["threads"] = args.threads
     if args.max_steps is not None:
         config.setdefault("recipe", {})["max_steps"] = args.max_steps
-    print(json.dumps(config, indent=2))
+    from attnlab.config.load import to_dict
+    from attnlab.finetune.job import FinetuneJobConfig
+
+    job = FinetuneJobConfig.from_dict(config)  # every field checked before anything is read or written
+    if args.print_config:
+        print(json.dumps(to_dict(job), indent=2))
+        return 0
+    print(f"finetune: {job.model} | {job.head} | train {job.data.train} | {job.recipe.max_steps:,} steps x "
+          f"{len(job.seeds)} seed(s) | out {job.out_dir}", flush=True)
     again = ["attnlab", "finetune", args.config,
              *(["--out-dir", args.out_dir] if args.out_dir is not None else []),
              *(["--max-steps", str(args.max_steps)] if args.max_steps is not None else []),
@@ -64,5 +76,5 @@ def _main(args: argparse.Namespace) -> int:
                      command=shlex.join(again + ["--resume"] * args.resume + ["--overwrite"] * args.overwrite))
     except TrainingInterrupted as err:
         print(f"attnlab finetune: {err}\nresume with: {shlex.join(again + ['--resume'])}", file=sys.stderr, flush=True)
-        return 130
+        return err.exit_status  # 128 + the signal's number: 130 Ctrl-C, 143 SIGTERM
     return 0

@@ -55,6 +55,29 @@ def new_text(tokenizer: Any, ids: list[int], eos: int | None) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True)
 
 
+def default_max_new_tokens(model: torch.nn.Module, prompt_len: int, usual: int) -> int:
+    """What --max-new-tokens is when not given: `usual`, or fewer where the model's positions
+    end. A fixed table (learned, binary positions) has position.max_len slots and refuses
+    more; rotary and sinusoidal positions were never trained past it (past a prompt that is
+    already longer, `usual` stands, with check_length's warning). An explicit value beyond
+    the limit stays the user's: refused by `generate` for a table, warned about otherwise.
+
+    Args:
+        prompt_len: tokens of the longest prompt, or 1 (an encoder-decoder's start token).
+    """
+    from attnlab.decoding.generate import TABLE_SCHEMES
+
+    config = model.config
+    pos = getattr(config, "position", None)
+    limited = TABLE_SCHEMES + _EXTRAPOLATING
+    if getattr(config, "arch", None) == "rnn_encoder_decoder" or pos is None or pos.scheme not in limited:
+        return usual  # no positions, or relative ones (relative, alibi, t5_bias) without a fixed end
+    room = pos.max_len - prompt_len
+    if room <= 0 and pos.scheme in _EXTRAPOLATING:
+        return usual
+    return max(1, min(usual, room))  # (a table with no room left: generate names the limit)
+
+
 def decoding_kwargs(args: argparse.Namespace, tokenizer: Any) -> dict[str, Any]:
     """generate() keyword arguments from the shared decoding flags; a warning for sampling
     flags given without --sample (greedy and beam search ignore them).
@@ -150,8 +173,10 @@ def available_memory() -> int | None:
 
 
 def add_decoding_flags(parser: argparse.ArgumentParser, *, max_new: int, beams: int) -> None:
-    parser.add_argument("--max-new-tokens", type=int, default=max_new,
-                        help=f"at most this many new tokens (default {max_new})")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help=f"at most this many new tokens (default {max_new}, or fewer where the model's positions "
+                             "end: position.max_len less the prompt, or less the start token of a translation)")
+    parser.set_defaults(usual_max_new_tokens=max_new)
     parser.add_argument("--sample", action="store_true", help="sample instead of greedy/beam search")
     parser.add_argument("--temperature", type=float, default=None, help="sampling temperature (> 0; default 1)")
     parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
@@ -292,10 +317,12 @@ def run(args: argparse.Namespace) -> int:
         rows = [tokenizer.encode(p, add_special_tokens=args.add_special_tokens) for p in args.prompt]
     pad = role_id(tokenizer, "pad")
     ids, mask = pad_batch(rows, pad if pad is not None else 0, left=True)
+    start = 1 if seq2seq else ids.shape[1]
+    if args.max_new_tokens is None:
+        args.max_new_tokens = default_max_new_tokens(model, start, args.usual_max_new_tokens)
     kw = decoding_kwargs(args, tokenizer)
     if args.stop:
         kw.update(stop_strings=args.stop, tokenizer=tokenizer)
-    start = 1 if seq2seq else ids.shape[1]
     check_length(model, rows=len(rows) * max(1, args.num_beams), prompt_len=start, max_new_tokens=args.max_new_tokens,
                  source_len=ids.shape[1] if seq2seq else None)
     stream = len(rows) == 1 and args.num_beams == 1 and not args.no_stream

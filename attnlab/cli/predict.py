@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import csv
 import io
-import json
 from pathlib import Path
 
 PREDICTING_HEADS = ("classification", "regression", "token_classification")  # what `attnlab finetune` trains
@@ -135,12 +134,12 @@ def _predict_words(model, tokenizer, settings: dict, labels, input_path: str, wo
 
 def _write_rows(rows: list[dict], out: Path, token_rows: bool = False) -> None:
     """JSONL or CSV (lists become space-separated strings, None `-`), written atomically."""
-    from attnlab.io.files import atomic_write_text
+    from attnlab.io.files import atomic_write_text, json_text
 
     if not rows:
         raise ValueError(f"no rows to write to {out}: the input holds no examples")
     if out.suffix.lower() == ".jsonl":
-        text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+        text = "".join(json_text(r, ensure_ascii=False) + "\n" for r in rows)
     else:
         if token_rows:
             rows = [{k: " ".join("-" if x is None else str(x) for x in v) for k, v in r.items()} for r in rows]

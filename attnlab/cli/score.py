@@ -12,7 +12,8 @@ there) is refused; `attnlab fill-mask` shows what a masked LM predicts.
 from __future__ import annotations
 
 import argparse
-import json
+
+from attnlab.io.files import json_text
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -56,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     ranked = sorted(scores, key=lambda s: -s.log_prob)
     if args.json:
         for s in ranked:
-            print(json.dumps({"text": s.text, "log_prob": s.log_prob, "tokens": s.tokens, "mean": s.mean,
+            print(json_text({"text": s.text, "log_prob": s.log_prob, "tokens": s.tokens, "mean": s.mean,
                               "perplexity": s.perplexity}))
         return 0
     print(f"{'log P':>10} {'tokens':>6} {'mean':>8} {'ppl':>9}  text")

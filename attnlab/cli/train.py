@@ -2,9 +2,10 @@
 
 Dotted overrides follow the config file: `--model.num_layers 4`, `--optim.lr=3e-4`,
 `--train.out_dir runs/x` (values are parsed as JSON when they parse: numbers, true/false,
-null, lists). The resolved config is printed and saved as OUT/config.json with the seed and
-versions; checkpoints go to OUT/checkpoints/, metrics to OUT/metrics.jsonl, the loss curve to
-OUT/loss.png.
+null, lists). One line tells the resolved setup (model, parameters, data, steps, precision);
+the whole resolved config is saved as OUT/config.json with the seed and versions (`--print-config`
+prints it and stops); checkpoints go to OUT/checkpoints/, metrics to OUT/metrics.jsonl, the loss
+curve to OUT/loss.png.
 
 Continue a run from its folder alone: `attnlab train --resume OUT` rebuilds it from OUT/config.json
 (every override given when it started is in there) and goes on from the latest checkpoint,
@@ -15,9 +16,10 @@ file too: add `--resume`, or give another `--train.out_dir` for a fresh copy. `a
 --resume` also continues, from CONFIG and its overrides as given (a model that differs from the
 run's is refused). `--resume` where there is no checkpoint yet warns and starts from step 0.
 
-Ctrl-C finishes the current step, saves a checkpoint, prints the command that resumes it and
-exits with 130 (a second Ctrl-C stops at once; the resume then goes on from the latest
-checkpoint). One run writes to an out_dir at a time: a second `attnlab train` on a folder
+Ctrl-C, SIGTERM and SIGUSR1 (what SLURM, Kubernetes and `timeout` send before they kill a job;
+`train.stop_signals` sets which) finish the current step, save a checkpoint, print the command
+that resumes it and exit with 128 + the signal's number: 130 (Ctrl-C), 143 (SIGTERM), 138
+(SIGUSR1). A second signal stops at once; the resume then goes on from the latest checkpoint. One run writes to an out_dir at a time: a second `attnlab train` on a folder
 that a live run holds is refused, naming it (the lock is OUT/.attnlab.lock, removed at exit; a
 lock left by a killed run on this machine is taken over).
 
@@ -45,7 +47,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from attnlab.config.load import apply_overrides, load_config_file, parse_value, to_dict
+from attnlab.config.load import apply_overrides, load_config_file, parse_value
 
 if TYPE_CHECKING:  # the training code (and torch) load when a command runs, not for --help
     from attnlab.training.config import TrainConfig
@@ -122,7 +124,7 @@ def _check_same_model(cfg: TrainConfig, *, from_run: bool) -> None:
     saved tokenizer.json would silently win. Changes that keep every shape (dropout, the attention
     kernel) are allowed."""
     from attnlab.training.checkpoint import saved_run_config
-    from attnlab.training.config import TrainConfig
+    from attnlab.training.config import TrainConfig, absolute_paths
 
     out = Path(cfg.train.out_dir)
     try:
@@ -133,8 +135,9 @@ def _check_same_model(cfg: TrainConfig, *, from_run: bool) -> None:
         earlier = TrainConfig.from_dict(earlier_data)
     except (ValueError, TypeError, AttributeError):
         return  # a config.json this version cannot read: the checkpoint's own check names a mismatch
-    changed = (_differences(to_dict(earlier.model), to_dict(cfg.model), "model")
-               + _differences(to_dict(earlier.data.tokenizer), to_dict(cfg.data.tokenizer), "data.tokenizer"))
+    old, new = absolute_paths(earlier.to_dict()), absolute_paths(cfg.to_dict())  # as the run recorded its paths
+    changed = (_differences(old["model"], new["model"], "model")
+               + _differences(old["data"]["tokenizer"], new["data"]["tokenizer"], "data.tokenizer"))
     fixed = [c for c in changed if c[0].startswith("data.") or c[0] in ("model.init_from", "model.add_special_tokens")]
     if not changed or (not fixed and _shapes(earlier) == _shapes(cfg)):
         return
@@ -228,11 +231,12 @@ def _main(args: argparse.Namespace) -> int:
         check_layout(cfg, nproc)  # [parallel] the layout against N, the model and the data: one error, not N
         if nproc > 1:
             return relaunch(nproc, ["train", config, *rest])
-    print(json.dumps(cfg.to_dict(), indent=2), flush=True)
     if flags["print_config"]:
+        print(json.dumps(cfg.to_dict(), indent=2), flush=True)
         return 0
     from contextlib import nullcontext
 
+    from attnlab.io.files import json_text
     from attnlab.io.lock import RunLock
     from attnlab.parallel.mesh import MeshTraining
     from attnlab.training.distributed import CollectiveError
@@ -242,12 +246,7 @@ def _main(args: argparse.Namespace) -> int:
     lock = RunLock(cfg.train.out_dir, what="train.out_dir", command=shlex.join(["attnlab", "train", config, *rest]))
     with lock if main_rank else nullcontext():  # [parallel] rank 0 writes
         trainer = Trainer(cfg, mesh=MeshTraining)  # [parallel] the hooks of a tp / pp layout (unused without one)
-        held = trainer.mesh.module if trainer.mesh is not None else trainer.model  # [parallel] tp / pp: rank 0's part
-        n_params = sum(p.numel() for p in held.parameters())
-        ctx = trainer.parallel
-        part = "" if trainer.mesh is None else f" on rank 0 of tp={ctx.tp_size} x pp={ctx.pp_size} x dp={ctx.dp_size}"
-        print(f"model: {trainer.model.config.arch}, {n_params:,} parameters{part}; device {trainer.device}", flush=True)
-        try:
+        try:  # (the trainer prints the setup in one line first: Trainer.setup_line)
             summary = trainer.fit(resume=flags["resume"])
         except NonFiniteLossError as err:
             print(f"attnlab train: error: {err}", flush=True)
@@ -259,8 +258,8 @@ def _main(args: argparse.Namespace) -> int:
             world = int(os.environ.get("WORLD_SIZE", "1"))
             again = ["attnlab", "train", "--resume", str(cfg.train.out_dir)] + ["--nproc", str(world)] * (world > 1)
             print(f"attnlab train: {err}\nresume with: {shlex.join(again)}", file=sys.stderr, flush=True)
-            return 130
-    print("summary: " + json.dumps(summary), flush=True)
+            return err.exit_status  # 128 + the signal's number: 130 Ctrl-C, 143 SIGTERM, 138 SIGUSR1
+    print("summary: " + json_text(summary), flush=True)  # strict JSON: a NaN loss as null
     from attnlab.parallel import shutdown
 
     shutdown()  # [parallel] leave the process group (no-op alone)

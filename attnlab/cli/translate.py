@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from attnlab.cli.generate import (add_decoding_flags, check_length, decoding_kwargs, decoding_weights, load_checkpoint,
-                                  new_text, pad_batch, role_id)
+from attnlab.cli.generate import (add_decoding_flags, check_length, decoding_kwargs, decoding_weights,
+                                  default_max_new_tokens, load_checkpoint, new_text, pad_batch, role_id)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -57,7 +57,7 @@ def _read_lines(path: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from attnlab.decoding import generate
-    from attnlab.io.files import atomic_write_text
+    from attnlab.io.files import atomic_write_text, json_text
     from attnlab.io.progress import Progress
 
     if args.batch_size <= 0:
@@ -72,6 +72,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.checkpoint} holds a decoder-only model; translate needs an encoder-decoder "
                          "(use `attnlab generate` to continue prompts)")
     model = decoding_weights(model, args.weights)
+    if args.max_new_tokens is None:  # the target starts with one token
+        args.max_new_tokens = default_max_new_tokens(model, 1, args.usual_max_new_tokens)
     kw = decoding_kwargs(args, tokenizer)
     start = args.decoder_start_token_id
     if start is None:
@@ -104,10 +106,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"summary: {len(todo)} sentences translated ({len(lines) - len(todo)} empty lines kept empty)",
               file=sys.stderr)
     if references is not None:
-        import json
-
         from attnlab.evaluation import bleu_chrf
 
         scores = {name: round(value, 2) for name, value in bleu_chrf(results, references).items()}
-        print("scores: " + json.dumps({**scores, "sentences": len(lines), "beams": args.num_beams}), file=sys.stderr)
+        print("scores: " + json_text({**scores, "sentences": len(lines), "beams": args.num_beams}), file=sys.stderr)
     return 0

@@ -518,9 +518,10 @@ class ModelConfig:
         return from_dict(cls, data)
 
     def to_json(self, path: str | None = None) -> str:
-        text = json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        from attnlab.io.files import atomic_write_text, json_text
+
+        text = json_text(self.to_dict(), indent=2, sort_keys=True)
         if path is not None:
-            from attnlab.io.files import atomic_write_text
 
             atomic_write_text(path, text + "\n")
         return text

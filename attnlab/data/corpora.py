@@ -49,7 +49,7 @@ from typing import Callable
 from attnlab.io.cache import cache_dir, sha256_file
 from attnlab.io.downloads import VersionUnavailable, download_package, package_file_version, run_tool
 from attnlab.data.dictd import dictd_lexicon_pairs, dictd_sentence_pairs
-from attnlab.io.files import atomic_folder, atomic_write_text
+from attnlab.io.files import atomic_folder, atomic_write_text, json_text
 
 DOC_SEPARATOR = "\n\f\n"  # between documents in train.txt / valid.txt
 
@@ -583,7 +583,7 @@ def fetch(name: str, *, force: bool = False, verify: bool = True) -> Path:
             meta = corpus.build(files, out)
             meta = {"name": name, "kind": corpus.kind, "packages": provenance,
                     "verified": all(p["verified"] for p in provenance), "licence": corpus.licence, **meta}
-            atomic_write_text(out / "meta.json", json.dumps(meta, indent=2) + "\n")
+            atomic_write_text(out / "meta.json", json_text(meta, indent=2) + "\n")
     return target
 
 

@@ -195,17 +195,25 @@ def resolve_source(source: str, split: str = "train", *, verify: bool = True) ->
     """
     if split not in ("train", "valid"):
         raise ValueError(f"split must be 'train' or 'valid', got {split!r}")
-    from attnlab.data.corpora import CORPORA, split_files
+    from attnlab.data.corpora import split_files
 
-    if source in CORPORA and not os.path.exists(source):
+    if is_builtin(source):
         return split_files(source, verify=verify)[split]
     return Path(source)
+
+
+def is_builtin(source: str) -> bool:
+    """Whether a source string names a built-in corpus rather than a path: a corpus name with
+    no file or folder of that name in the working folder (which would win)."""
+    from attnlab.data.corpora import CORPORA
+
+    return source in CORPORA and not os.path.exists(source)
 
 
 def is_pairs_source(source: str) -> bool:
     """Whether a source holds sentence pairs (a pairs corpus, a TSV/CSV file)."""
     from attnlab.data.corpora import CORPORA
 
-    if source in CORPORA and not os.path.exists(source):
+    if is_builtin(source):
         return CORPORA[source].kind == "pairs"
     return Path(source).suffix in (".tsv", ".csv")

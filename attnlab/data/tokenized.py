@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from attnlab.io.progress import Progress
-from attnlab.io.files import atomic_file, atomic_write_text
+from attnlab.io.files import atomic_file, atomic_write_text, json_text
 
 
 BATCH_CHARS = 1 << 18  # characters of text per batch a worker encodes
@@ -222,7 +222,7 @@ class TokenFile:
         bar.close()
         meta = {"dtype": dtype.name, "num_tokens": count, "num_documents": len(offsets) - 1,
                 "vocab_size": vocab_size, "eos_id": eos_id, "source": source}
-        atomic_write_text(prefix.with_suffix(".json"), json.dumps(meta, indent=2) + "\n")
+        atomic_write_text(prefix.with_suffix(".json"), json_text(meta, indent=2) + "\n")
         return cls(prefix)
 
 

@@ -23,7 +23,7 @@ from attnlab.decoding.runner import is_seq2seq, lm_decoder, make_runner
 from attnlab.nn.linear import fixed_layouts
 from attnlab.decoding.search import DecodeOptions, greedy_or_sample
 
-_TABLE_SCHEMES = ("learned", "binary")  # position schemes with a fixed number of positions
+TABLE_SCHEMES = ("learned", "binary")  # position schemes with a fixed number of positions
 
 
 class GenerateOutput(NamedTuple):
@@ -68,7 +68,7 @@ def _check_prompt(input_ids: Any, attention_mask: Any) -> Tensor | None:
 def _check_context(model: nn.Module, name: str, length: int, max_new: int, target: bool) -> None:
     """Learned and binary positions have position.max_len slots: refuse what does not fit."""
     pos = getattr(getattr(model, "config", None), "position", None)
-    if pos is None or pos.scheme not in _TABLE_SCHEMES:
+    if pos is None or pos.scheme not in TABLE_SCHEMES:
         return
     if length > pos.max_len:
         raise ValueError(f"{name} has {length} tokens, longer than the model's context "

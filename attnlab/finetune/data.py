@@ -175,7 +175,9 @@ class LabelMap:
         return ids
 
     def to_json(self) -> str:
-        return json.dumps({"labels": self.labels}, indent=2, ensure_ascii=False) + "\n"
+        from attnlab.io.files import json_text
+
+        return json_text({"labels": self.labels}, indent=2, ensure_ascii=False) + "\n"
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "LabelMap":

@@ -58,7 +58,7 @@ from attnlab.finetune.runner import Finetuner, Recipe
 from attnlab.finetune.sweep import seed_sweep
 from attnlab.finetune.token_runner import TokenFinetuner
 from attnlab.finetune.tokens import encode_word_labels, read_word_examples, word_label_map
-from attnlab.io.files import atomic_write_text
+from attnlab.io.files import atomic_folder, atomic_write_text, json_text
 from attnlab.io.lock import RunLock
 from attnlab.tokenizers.char import UnknownCharacters
 
@@ -246,7 +246,8 @@ def _run_job(job: FinetuneJobConfig, config: dict[str, Any] | FinetuneJobConfig,
                                          (resolve(data.test), test)])
     runs = out / "runs"
     probe_file = runs / "probe.json"
-    known = {int(k): v for k, v in json.loads(probe_file.read_text(encoding="utf-8")).items()} \
+    known = {int(k): float("nan") if v is None else v  # null: a score that was NaN (json_text)
+             for k, v in json.loads(probe_file.read_text(encoding="utf-8")).items()} \
         if resume and probe_file.exists() else {}
     log(f"finetune: {job.model} ({base_model.config.arch}, {sum(p.numel() for p in base_model.parameters()):,} "
         f"parameters), {len(train)} train / {len(valid)} valid examples, {len(labels)} labels, seeds {seeds}")
@@ -277,7 +278,7 @@ def _run_job(job: FinetuneJobConfig, config: dict[str, Any] | FinetuneJobConfig,
 
     def record_probe(seed: int, score: float) -> None:
         known[seed] = score
-        atomic_write_text(probe_file, json.dumps({str(k): v for k, v in known.items()}) + "\n")
+        atomic_write_text(probe_file, json_text({str(k): v for k, v in known.items()}) + "\n")
 
     result = seed_sweep(seeds, start_run, evaluate, probe_steps=job.probe_steps, total_steps=recipe.max_steps,
                         keep=job.keep, known_probe=known, on_probe=record_probe)
@@ -304,11 +305,11 @@ def _run_job(job: FinetuneJobConfig, config: dict[str, Any] | FinetuneJobConfig,
         plot_confusion(matrix, labels.labels, out / "confusion.png", title=f"{split} confusion")
         log(f"{split} confusion matrix (rows gold, columns predicted):\n{table}")
     _save(best, tokenizer, labels, out / "model", inputs)
-    atomic_write_text(out / "metrics.jsonl", "".join(json.dumps(h) + "\n" for h in best.history))
+    atomic_write_text(out / "metrics.jsonl", "".join(json_text(h) + "\n" for h in best.history))
     summary["seconds"] = round(time.perf_counter() - start, 1)
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    atomic_write_text(out / "summary.json", json_text(summary, indent=2, ensure_ascii=False) + "\n")
     shown = {k: summary[k] for k in ("valid", "test") if k in summary}
-    log(f"finetune: best seed {result.best_seed}, {json.dumps(shown)}, {summary['seconds']} s -> {out}")
+    log(f"finetune: best seed {result.best_seed}, {json_text(shown)}, {summary['seconds']} s -> {out}")
     return summary
 
 
@@ -330,7 +331,6 @@ def _save(run: Finetuner, tokenizer: Any, labels: LabelMap, folder: Path, inputs
     whole folder written atomically (an earlier job's model folder is replaced as a whole).
     `inputs`: the columns the model read (text_column and text_pair_column, None for single
     texts; or words_column), so that `attnlab predict` refuses a pair model given one text."""
-    from attnlab.io.files import atomic_folder
     from attnlab.interop.serialization import save
 
     settings = {"max_length": run.recipe.max_length, "padding_side": run.recipe.padding_side, "pad_id": run.pad_id,
@@ -344,4 +344,4 @@ def _save(run: Finetuner, tokenizer: Any, labels: LabelMap, folder: Path, inputs
             file.replace(tmp / file.name)
         staged.rmdir()
         (tmp / LABELS_FILE).write_text(labels.to_json(), encoding="utf-8")
-        (tmp / SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+        (tmp / SETTINGS_FILE).write_text(json_text(settings, indent=2) + "\n", encoding="utf-8")

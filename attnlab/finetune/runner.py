@@ -197,7 +197,7 @@ class Finetuner:
             return []
         out = []
         for line in path.read_text(encoding="utf-8").splitlines():
-            record = json.loads(line)
+            record = {k: float("nan") if v is None else v for k, v in json.loads(line).items()}  # null: NaN
             if "train_loss" in record:
                 parts = {k: v for k, v in record.items() if k in ("cls", "lm")}
                 out.append({"step": record["step"], "loss": record["train_loss"], **parts, "lr": record["lr"]})

@@ -20,7 +20,6 @@ Notation: B batch, T tokens, W words of a row, K labels.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -213,8 +212,8 @@ def word_predictions(logits: Tensor, word_index: Tensor, num_words: Sequence[int
 
 def to_jsonl(examples: Sequence[WordExample], path: str | os.PathLike) -> Path:
     """Write rows as JSONL {"words": [...], "labels": [...]} (atomically)."""
-    from attnlab.io.files import atomic_write_text
+    from attnlab.io.files import atomic_write_text, json_text
 
-    text = "".join(json.dumps({"words": e.words, "labels": e.labels}, ensure_ascii=False) + "\n" for e in examples)
+    text = "".join(json_text({"words": e.words, "labels": e.labels}, ensure_ascii=False) + "\n" for e in examples)
     atomic_write_text(Path(path), text)
     return Path(path)

@@ -13,7 +13,6 @@ only once all of its tensors have loaded.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from types import ModuleType
@@ -26,7 +25,7 @@ from attnlab.interop import bart, bert, gpt2, marian, t5
 from attnlab.interop.common import state_from_hf, state_to_hf
 from attnlab.interop.files import read_weights
 from attnlab.interop.special import special_token_ids, tokenizer_config
-from attnlab.io.files import atomic_folder, read_json
+from attnlab.io.files import atomic_folder, json_text, read_json
 from attnlab.io.weights import SAFETENSORS, load_state, write_safetensors
 
 FAMILIES: tuple[ModuleType, ...] = (gpt2, bert, t5, marian, bart)
@@ -205,7 +204,7 @@ def save_hf(model: nn.Module, path: str | os.PathLike, family: str | None = None
 
 
 def _write_json(file: Path, data: dict[str, Any]) -> None:
-    file.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    file.write_text(json_text(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _max_length(config: ModelConfig) -> int | None:

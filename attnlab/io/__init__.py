@@ -4,10 +4,11 @@ cache, the run folder's lock, and the progress line of long jobs.
     attnlab.io.atomic_write_json("out/summary.json", {"accuracy": 0.91})
     with attnlab.io.atomic_folder("out/export") as tmp: ...
 
-Layers: `files`, `cache`, `progress` import nothing from attnlab; `weights`, `checkpoints` and
-`downloads` build on them. `io` is the bottom of the package (beside `config`): saving and
-loading a model folder (`attnlab.save` / `attnlab.load`) builds models and reads Hugging Face
-folders, so it lives above them, in `attnlab.interop.serialization`, and uses these files.
+Layers: `lock`, `cache`, `progress` import nothing from attnlab; `files` asks `lock` whether the
+writer of a leftover temporary still runs; `weights`, `checkpoints` and `downloads` build on
+them. `io` is the bottom of the package (beside `config`): saving and loading a model folder
+(`attnlab.save` / `attnlab.load`) builds models and reads Hugging Face folders, so it lives
+above them, in `attnlab.interop.serialization`, and uses these files.
 """
 
 from attnlab.io.cache import cache_dir, sha256_file, verify_sha256

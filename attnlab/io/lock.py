@@ -182,7 +182,7 @@ class RunLock:
     def _create(self) -> str | None:
         """Create the lock file if none exists (atomically); its token when this process now holds it."""
         try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)  # less the umask, as open() gives
         except FileExistsError:
             return None
         record = self._record()

@@ -12,8 +12,11 @@ first name of each; `load_state` fills every alias from any one of its names, st
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
+
+from attnlab.io.files import as_if_created
 
 if TYPE_CHECKING:  # torch is imported where tensors are handled, so that `import attnlab.io` stays light
     from torch import Tensor, nn
@@ -40,10 +43,34 @@ def write_safetensors(tensors: Mapping[str, Tensor], path: str | os.PathLike,
                       metadata: dict[str, str] | None = None) -> None:
     """Write tensors to `path` (on the CPU, contiguous). Each must own its storage: give tied
     tensors once (`unique_state`). Write into a temporary (`atomic_file`, `atomic_folder`)
-    when a crash must not leave half a file."""
+    when a crash must not leave half a file.
+
+    The file gets the mode of any other file attnlab writes (0666 less the umask): safetensors
+    writes through a private temporary of its own (0600), which other users, a group sharing
+    the run folder or a web server could not read.
+
+    Raises:
+        OSError: the file system refused the write (a full disk, an I/O error): the error names
+            `path` (safetensors' own error names neither the file nor, to Python, the errno).
+    """
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
-    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, os.fspath(path), metadata=metadata)
+    try:
+        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, os.fspath(path), metadata=metadata)
+    except SafetensorError as err:
+        code = _os_error_code(str(err))
+        if code is None:
+            raise
+        raise OSError(code, os.strerror(code), os.fspath(path)) from err
+    as_if_created(path)
+
+
+def _os_error_code(message: str) -> int | None:
+    """The errno in a message of safetensors' Rust writer: `... I/O error: No space left on
+    device (os error 28)` -> 28; None when it holds none."""
+    found = re.search(r"\(os error (\d+)\)", message)
+    return int(found.group(1)) if found else None
 
 
 def alias_groups(model: nn.Module) -> dict[str, tuple[str, ...]]:

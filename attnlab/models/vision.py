@@ -25,7 +25,6 @@ tokens, D model width.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -158,7 +157,9 @@ class VisionConfig:
         return from_dict(cls, data)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+        from attnlab.io.files import json_text
+
+        return json_text(self.to_dict(), indent=2, sort_keys=True)
 
 
 def patchify(images: Tensor, patch_size: int) -> Tensor:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import math
 import os
 import re
@@ -441,7 +440,7 @@ def save_adapters(model: nn.Module, folder: str | os.PathLike, *, settings: Mapp
     Raises:
         ValueError: the model has no adapters, or `folder` is a file or a folder attnlab did not write.
     """
-    from attnlab.io.files import atomic_folder
+    from attnlab.io.files import atomic_folder, json_text
     from attnlab.io.weights import write_safetensors
 
     state = adapter_state(model)
@@ -458,7 +457,7 @@ def save_adapters(model: nn.Module, folder: str | os.PathLike, *, settings: Mapp
             "settings": dict(settings or {})}
     with atomic_folder(folder) as tmp:
         write_safetensors(state, tmp / ADAPTER_WEIGHTS, metadata={"format": FORMAT})
-        (tmp / ADAPTER_CONFIG).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        (tmp / ADAPTER_CONFIG).write_text(json_text(meta, indent=2) + "\n", encoding="utf-8")
     return Path(folder)
 
 

@@ -160,8 +160,36 @@ def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
 
 
 def relaunch(nproc: int, argv: list[str]) -> int:
-    """Run `attnlab ARGV` under torchrun on `nproc` processes; its exit code (non-zero when a rank failed)."""
+    """Run `attnlab ARGV` under torchrun on `nproc` processes and wait for it.
+
+    A stop signal sent to this process alone (Kubernetes signals a container's first process,
+    `timeout` and `kill` the one they name) is passed on to torchrun as SIGTERM, which it forwards
+    to every rank: they checkpoint after the same step and stop (attnlab.training.signals).
+    Ctrl-C is not passed on: the terminal signals torchrun and the ranks itself.
+
+    Returns:
+        128 + the number of the signal this process got, else torchrun's exit code (non-zero
+        when a rank failed).
+    """
+    import signal
     import subprocess
 
+    from attnlab.training.signals import STOP_SIGNALS, exit_status
+
     print("launching: " + " ".join(torchrun_command(nproc, argv)), flush=True)
-    return subprocess.call(torchrun_command(nproc, argv))
+    proc = subprocess.Popen(torchrun_command(nproc, argv))
+    got: list[str] = []
+
+    def pass_on(signum: int, frame: Any) -> None:
+        got.append(signal.Signals(signum).name)
+        if signum != signal.SIGINT and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+
+    numbers = [n for n in (getattr(signal, name, None) for name in ("SIGINT", *STOP_SIGNALS)) if n is not None]
+    previous = {n: signal.signal(n, pass_on) for n in numbers if signal.getsignal(n) is not signal.SIG_IGN}
+    try:
+        code = proc.wait()  # (a handler's return resumes the wait: PEP 475)
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler if handler is not None else signal.SIG_DFL)
+    return exit_status(got[0]) if got else code

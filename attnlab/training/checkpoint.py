@@ -11,7 +11,7 @@ Layout of a run folder:
         model.safetensors                weights (tied tensors stored once)
         optimizer.safetensors            optimizer tensors + RNG states (torch CPU/CUDA, data generator)
         state.json                       step, schedule, optimizer hyper-parameters, metrics,
-                                         sha256 of both files
+                                         sha256 of both files and of OUT/tokenizer.json
     OUT/checkpoints/index.json           {"latest": "step-...", "best": "step-...", "best_metric": ...}
 
 A crash while writing leaves a `.tmp-*` folder (ignored and cleaned up next time) and the
@@ -32,8 +32,8 @@ from safetensors.torch import load_file, load_model
 
 from attnlab.io.cache import sha256_file
 # the layout is read in attnlab.io (attnlab.load reads run folders); these names stay importable from here
-from attnlab.io.checkpoints import (CheckpointError, checkpoint_name, list_checkpoints, read_index, read_state,  # noqa: F401
-                                    resolve_checkpoint)
+from attnlab.io.checkpoints import (TOKENIZER, CheckpointError, checkpoint_name, list_checkpoints, read_index,  # noqa: F401
+                                    read_state, resolve_checkpoint)
 from attnlab.io.files import atomic_folder, atomic_write_json
 from attnlab.io.weights import unique_state, write_safetensors
 
@@ -119,6 +119,9 @@ def save_checkpoint(folder: str | os.PathLike, *, step: int, model: torch.nn.Mod
         state = {"step": step, "schedule": schedule_state, "optimizer": plain, "metric": metric,
                  "extra": extra or {},
                  "sha256": {f: sha256_file(tmp / f) for f in ("model.safetensors", "optimizer.safetensors")}}
+        tokenizer = folder.parent / TOKENIZER  # the run's: checked where the checkpoint is read (read_state)
+        if tokenizer.is_file():
+            state["tokenizer_sha256"] = sha256_file(tokenizer)
         atomic_write_json(tmp / "state.json", state, indent=1)
     index = read_index(folder)
     index["latest"] = name

@@ -19,7 +19,9 @@ Unknown keys, wrong types and values out of range are errors naming the dotted f
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import os
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -32,11 +34,12 @@ from attnlab.config.validate import (ConfigError, ConfigTypeError, check_types, 
                                      positive, probability)
 from attnlab.data.packing import PACKINGS  # plain | document_masked | pad (data.pack)
 from attnlab.training.objectives import OBJECTIVES
+from attnlab.training.signals import STOP_SIGNALS  # SIGTERM | SIGUSR1 | ... (train.stop_signals)
 from attnlab.training.precision import PRECISIONS  # auto | fp32 | bf16 | fp16 (resolved where a run starts)
 
 __all__ = ["DataConfig", "LoraConfig", "OptimConfig", "ParallelConfig", "RunConfig", "ScheduleConfig",
-           "TokenizerConfig", "TrainConfig", "TrainModelConfig", "apply_overrides", "load_config", "load_config_file",
-           "objective_fields", "parse_value"]
+           "TokenizerConfig", "TrainConfig", "TrainModelConfig", "absolute_paths", "apply_overrides", "load_config",
+           "load_config_file", "objective_fields", "parse_value"]
 
 TOKENIZER_KINDS = ("char", "bpe", "wordpiece", "word")
 SCHEDULES = ("constant", "cosine", "noam")
@@ -322,6 +325,8 @@ class RunConfig:
     compile: bool = False  # torch.compile each transformer layer (compile time in the log and summary)
     activation_checkpointing: bool = False  # keep each layer's input only; recompute it in backward
     tensorboard: bool = False  # event files in OUT/tensorboard/ (pip install 'attnlab[tensorboard]')
+    # besides Ctrl-C: signals that finish the step, checkpoint and stop (training.signals); [] for none
+    stop_signals: list[str] = field(default_factory=lambda: ["SIGTERM", "SIGUSR1"])
 
     def __post_init__(self) -> None:
         s = "train."
@@ -337,6 +342,8 @@ class RunConfig:
         choice(s + "precision", self.precision, PRECISIONS)
         choice(s + "device", self.device, DEVICES)
         choice(s + "nan_policy", self.nan_policy, NAN_POLICIES)
+        for i, name in enumerate(self.stop_signals):
+            choice(f"{s}stop_signals[{i}]", name, STOP_SIGNALS)
 
 
 PIPELINE_SCHEDULES = ("gpipe", "1f1b")  # attnlab.parallel.pipeline.SCHEDULES (a test checks that they agree)
@@ -457,3 +464,32 @@ class TrainConfig:
     def model_config(self) -> ModelConfig:
         """The ModelConfig to build: the model section without its run fields (init_from, ...)."""
         return ModelConfig.from_dict({f.name: getattr(self.model, f.name) for f in dataclasses.fields(ModelConfig)})
+
+
+# the fields of a run config that name a file or folder
+PATH_FIELDS = ("data.source", "data.valid", "data.tokenizer.path", "model.init_from", "train.out_dir")
+
+
+def absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
+    """A run config as plain data (`TrainConfig.to_dict()`) with every path field (`PATH_FIELDS`)
+    made absolute against the working folder: what a run records in OUT/config.json, so that
+    `attnlab eval`, `generate` and `train --resume` find its data, tokenizer and starting
+    weights from any folder, and after the run folder is moved or copied (the folder's own
+    files are found through where its config.json is, not through train.out_dir). A built-in
+    corpus name in data.source stays a name; unset fields stay unset; `data` is not changed.
+
+        absolute_paths({"data": {"source": "train.txt"}})   # {"data": {"source": "/home/me/train.txt"}}
+    """
+    from attnlab.data.sources import is_builtin
+
+    data = copy.deepcopy(data)
+    for dotted in PATH_FIELDS:
+        *sections, name = dotted.split(".")
+        section: Any = data
+        for key in sections:
+            section = section.get(key) if isinstance(section, dict) else None
+        value = section.get(name) if isinstance(section, dict) else None
+        if not isinstance(value, str) or not value or (dotted == "data.source" and is_builtin(value)):
+            continue
+        section[name] = os.path.abspath(value)
+    return data

@@ -15,6 +15,7 @@ Schedules (multipliers of the base learning rate, s = step counted from 1):
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch import nn
@@ -129,7 +130,9 @@ class Schedule:
     """Sets each group's learning rate to `lr_scale * base_lr * lr_factor(...)` before every
     step (`lr_scale`: the group's own factor, e.g. layer-wise decay; 1 when absent).
 
-    Its state is the step count alone (JSON-serialisable), so a resumed run continues exactly.
+    Its state is the step count and the settings (JSON-serialisable), so a resumed run continues
+    exactly; one resumed with other settings (a larger train.max_steps stretches a cosine) is
+    warned of when that changes the learning rate.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, name: str, base_lr: float, *, total_steps: int,
@@ -155,10 +158,32 @@ class Schedule:
         self.apply()
 
     def state_dict(self) -> dict:
-        return {"name": self.name, "step_count": self.step_count}
+        return {"name": self.name, "step_count": self.step_count, "base_lr": self.base_lr, **self.kwargs}
 
     def load_state_dict(self, state: dict) -> None:
+        """Go on from `state`'s step.
+
+        Raises:
+            ValueError: the checkpoint used another schedule name.
+        Warns:
+            UserWarning: the settings differ from the checkpoint's and move the learning rate at
+                this step (a schedule is a function of them: the run's curve changes from here).
+        """
         if state.get("name") != self.name:
             raise ValueError(f"checkpoint schedule {state.get('name')!r} differs from the configured {self.name!r}")
         self.step_count = int(state["step_count"])
+        saved = {key: state[key] for key in ("base_lr", *self.kwargs) if key in state}  # (older checkpoints: none)
+        changed = {key: (value, self.base_lr if key == "base_lr" else self.kwargs[key]) for key, value in saved.items()
+                   if value != (self.base_lr if key == "base_lr" else self.kwargs[key])}
+        if changed:
+            before = saved.get("base_lr", self.base_lr) * lr_factor(
+                self.name, self.step_count, **{**self.kwargs, **{k: v for k, v in saved.items() if k != "base_lr"}})
+            now = self.lr()
+            if not math.isclose(before, now, rel_tol=1e-9, abs_tol=0.0):
+                names = {"base_lr": "optim.lr", "total_steps": "train.max_steps", "warmup_steps":
+                         "schedule.warmup_steps", "min_lr_ratio": "schedule.min_lr_ratio", "d_model": "model.d_model"}
+                listed = ", ".join(f"{names[k]} {old!r} -> {new!r}" for k, (old, new) in changed.items())
+                warnings.warn(f"the {self.name} schedule's settings differ from the checkpoint's ({listed}): the "
+                              f"learning rate at step {self.step_count} goes from {before:.3g} to {now:.3g} and "
+                              "follows the new curve from here", stacklevel=2)
         self.apply()

@@ -19,11 +19,17 @@ and restored around `fit`), so several runs in one process (a seed sweep) do not
 other.
 
 Lifecycle: `fit` holds the run folder's lock (attnlab.io.lock: a second run on the folder is
-refused, naming the first). A first Ctrl-C lets the current step finish, saves a checkpoint and
-raises `TrainingInterrupted` (a KeyboardInterrupt) naming it, even on the last step (so a seed
-sweep stops too); a second Ctrl-C stops at once and names the checkpoint a resume would go on
-from. Resuming from the interruption's checkpoint ends bitwise equal to a run that was never
-stopped, like any other checkpoint.
+refused, naming the first). A first Ctrl-C — or SIGTERM / SIGUSR1, what schedulers send before
+they kill a job (`train.stop_signals`, attnlab.training.signals) — lets the current step finish,
+saves a checkpoint and raises `TrainingInterrupted` (a KeyboardInterrupt) naming it and the
+signal, even on the last step (so a seed sweep stops too); a second one stops at once and names
+the checkpoint a resume would go on from. Under torchrun the ranks agree after each step, so they
+all stop after the same one. Resuming from the interruption's checkpoint ends bitwise equal to a
+run that was never stopped, like any other checkpoint.
+
+The best weights are always on disk: an evaluation that beats the best so far writes a
+checkpoint, so `best_checkpoint` (checkpoints/index.json, the summary) holds the weights that
+scored `best_val_loss`, whatever `eval_every` and `checkpoint_every` are.
 
 Switches of the `train` section (attnlab.training.config.RunConfig):
 
@@ -48,9 +54,7 @@ import json
 import math
 import os
 import platform
-import signal
 import sys
-import threading
 import time
 import warnings
 from contextlib import contextmanager, nullcontext
@@ -63,18 +67,19 @@ from attnlab.config.validate import ConfigError
 from attnlab.io.progress import format_seconds
 from attnlab.training.adapters import apply_lora, export_lora
 from attnlab.training.checkpoint import list_checkpoints, load_checkpoint, read_index, resolve_checkpoint, save_checkpoint
-from attnlab.training.config import TrainConfig
+from attnlab.training.config import TrainConfig, absolute_paths
 from attnlab.training.distributed import (all_reduce_sum, any_rank, data_parallel_loss, init_from_env, rank0_first,
                                           shard_task)
 from attnlab.training.optim import Schedule, build_optimizer
 from attnlab.training.pipeline import Pipeline
 from attnlab.training.plot import write_loss_curve
 from attnlab.training.precision import autocast, native_bf16, native_fp16, resolve_precision, uses_grad_scaler
+from attnlab.training.signals import StopRequest, deferred_stop, exit_status
 from attnlab.training.speedups import CompileClock, checkpoint_activations, compile_layers, has_cxx_compiler
 from attnlab.training.steps import count_tokens, to_device
 from attnlab.training.task import with_balance_loss
 from attnlab.training.tensorboard import TensorBoardLog, require_tensorboard, text_samples
-from attnlab.io.files import atomic_write_text
+from attnlab.io.files import append_line, atomic_write_json, atomic_write_text, json_text
 from attnlab.io.lock import RunLock
 
 
@@ -95,18 +100,24 @@ class NonFiniteLossError(RuntimeError):
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C stopped `fit`. `checkpoint`: where a resume goes on from (None: from step 0);
-    `saved`: written at the interruption (else an earlier checkpoint, the run's latest)."""
+    """Ctrl-C (or a stop signal: attnlab.training.signals) stopped `fit`. `checkpoint`: where a
+    resume goes on from (None: from step 0); `saved`: written at the interruption (else an
+    earlier checkpoint, the run's latest); `signal`: its name; `exit_status`: 128 + its number."""
 
-    def __init__(self, out: Path, step: int, checkpoint: Path | None, saved: bool):
-        self.out, self.step, self.checkpoint, self.saved = out, step, checkpoint, saved
+    def __init__(self, out: Path, step: int, checkpoint: Path | None, saved: bool, signal: str = "SIGINT"):
+        self.out, self.step, self.checkpoint, self.saved, self.signal = out, step, checkpoint, saved, signal
+        what = "interrupted" if signal == "SIGINT" else f"stopped by {signal}"
         if saved:
-            text = f"interrupted after step {step}; checkpoint saved: {checkpoint}"
+            text = f"{what} after step {step}; checkpoint saved: {checkpoint}"
         elif checkpoint is not None:
-            text = f"interrupted at step {step} (stopped at once, nothing saved); a resume goes on from {checkpoint}"
+            text = f"{what} at step {step} (stopped at once, nothing saved); a resume goes on from {checkpoint}"
         else:
-            text = f"interrupted at step {step}, before the first checkpoint; a resume starts from step 0"
+            text = f"{what} at step {step}, before the first checkpoint; a resume starts from step 0"
         super().__init__(text)
+
+    @property
+    def exit_status(self) -> int:
+        return exit_status(self.signal)
 
 
 def versions() -> dict[str, str]:
@@ -217,7 +228,7 @@ class Trainer:
         self.step = 0
         self.best: float | None = None
         self.bad_evals = 0
-        self._stop_requested = False  # set by a first Ctrl-C during fit (_deferred_interrupt)
+        self._stop = StopRequest()  # a first Ctrl-C / stop signal during fit sets it (training.signals)
         self.history: dict[str, list[tuple[int, float]]] = {"train": [], "valid": []}
         self._tensorboard: TensorBoardLog | None = None  # open during fit (train.tensorboard, rank 0)
 
@@ -249,15 +260,15 @@ class Trainer:
         if not self.parallel.is_main:  # [parallel]
             return
         self.out.mkdir(parents=True, exist_ok=True)
-        data = {"config": self.config.to_dict(), "model": self.model.config.to_dict(), "seed": self.config.train.seed,
-                "precision": self.precision, "versions": versions(), "command": " ".join(sys.argv)}
-        atomic_write_text(self.out / "config.json", json.dumps(data, indent=2) + "\n")
+        data = {"config": absolute_paths(self.config.to_dict()), "model": self.model.config.to_dict(),  # any cwd
+                "seed": self.config.train.seed, "precision": self.precision, "versions": versions(),
+                "command": " ".join(sys.argv)}
+        atomic_write_json(self.out / "config.json", data, indent=2)
 
     def _metrics(self, record: dict[str, Any]) -> None:
         if not self.parallel.is_main:  # [parallel]
             return
-        with open(self.out / "metrics.jsonl", "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        append_line(self.out / "metrics.jsonl", json_text(record))  # whole lines; NaN as null
         if self._tensorboard is not None:
             self._tensorboard.record(record)
 
@@ -269,8 +280,8 @@ class Trainer:
         kept = []
         for line in path.read_text(encoding="utf-8").splitlines():
             try:
-                record = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by the crash
+                record = {k: math.nan if v is None else v for k, v in json.loads(line).items()}  # null: NaN
+            except (json.JSONDecodeError, AttributeError):  # a line cut by the crash
                 continue
             if record.get("step", 0) <= self.step:
                 kept.append(line)
@@ -455,6 +466,12 @@ class Trainer:
             warnings.warn(f"resume: {self.checkpoint_dir} holds no checkpoint; the run starts from step 0",
                           stacklevel=3)
             resume = False
+        if resume and self.step > run.max_steps:
+            raise ValueError(f"train.max_steps={run.max_steps}, but the run in {str(self.out)!r} is at step "
+                             f"{self.step} already; give a larger --train.max_steps to train on")
+        if resume and self.step == run.max_steps and stop_at is None:
+            self.log(f"the run is complete: step {self.step} of train.max_steps={run.max_steps}; nothing to train "
+                     "(a larger --train.max_steps trains on)")
         if not resume and self.step == 0:  # (a trainer already resumed with .resume(path) goes on)
             if list_checkpoints(self.checkpoint_dir):
                 raise ValueError(f"train.out_dir={str(self.out)!r} already holds checkpoints; continue that run with "
@@ -463,16 +480,16 @@ class Trainer:
                 (self.out / "metrics.jsonl").unlink()
         end = run.max_steps if stop_at is None else min(stop_at, run.max_steps)
         self._write_config()
-        self.log(self._precision_line())
+        self.log(self.setup_line())
         if run.tensorboard and self.parallel.is_main:  # [parallel] rank 0 writes
             fresh = not resume and self.step == 0
             self._tensorboard = TensorBoardLog(self.out / "tensorboard", start_step=self.step, fresh=fresh)
             self._tensorboard.config(self.config.to_dict(), self.step)
         self.model.train()
         try:
-            with self._own_rng(), self._deferred_interrupt():
+            with self._own_rng(), deferred_stop(run.stop_signals) as self._stop:
                 summary = self._loop(end, on_step)
-                stopped = self._stop_requested  # pressed after the loop's last look: not lost (a sweep goes on)
+                stopped = self._stop_agreed()  # pressed after the loop's last look: not lost (a sweep goes on)
         except TrainingInterrupted:
             raise
         except KeyboardInterrupt:  # a second Ctrl-C (or one where it cannot be deferred): mid-step, save nothing
@@ -488,6 +505,24 @@ class Trainer:
         if summary["stop_reason"] != "stop_at":  # a pause (a sweep's probe) draws nothing: plotting costs a second
             self.plot()
         return summary
+
+    def setup_line(self) -> str:
+        """The resolved setup in one line (what `attnlab train` prints first; the whole config is
+        OUT/config.json, or `--print-config`): model and parameters, data, steps, precision, device."""
+        held = self.mesh.module if self.mesh is not None else self.model  # [parallel] tp / pp: this rank's part
+        n_params = sum(p.numel() for p in {id(p): p for p in held.parameters()}.values())
+        ctx, run, data = self.parallel, self.config.train, self.config.data
+        where = "" if self.mesh is None else f" on rank 0 of tp={ctx.tp_size} x pp={ctx.pp_size} x dp={ctx.dp_size}"
+        where = where or (f" x {ctx.dp_size} data-parallel replicas" if ctx.dp_size > 1 else "")
+        kind = getattr(self.model.config, "arch", None) or type(self.model).__name__  # (a ViT's config has no arch)
+        model = f"{kind}, {n_params:,} parameters{where}"
+        if self.pipeline is not None:  # the pretraining task of config.data
+            batch = f"{data.batch_tokens} tokens" if data.batch_tokens else f"{data.batch_size}"
+            task = f"{data.objective} on {data.source}, seq_len {data.seq_len}, batch {batch} x {run.grad_accum}"
+        else:
+            task = type(self.task).__name__
+        return (f"setup: {model} | {task} | {run.max_steps:,} steps | {self._precision_line()} | device "
+                f"{self.device} | out {self.out}")
 
     def _precision_line(self) -> str:
         """`precision: bf16 (auto on cpu)`; fp16 names its loss scale; auto on a GPU with fp16 but
@@ -506,36 +541,12 @@ class Trainer:
         """The interruption, naming the run's latest checkpoint (where a resume goes on from)."""
         latest = read_index(self.checkpoint_dir).get("latest")
         return TrainingInterrupted(self.out, self.step, self.checkpoint_dir / latest if latest else None,
-                                   saved=saved and latest is not None)
+                                   saved=saved and latest is not None, signal=self._stop.signal or "SIGINT")
 
-    @contextmanager
-    def _deferred_interrupt(self) -> Iterator[None]:
-        """While the block runs, a first Ctrl-C only sets `_stop_requested` (the loop finishes
-        its step, checkpoints and stops); a second one raises KeyboardInterrupt at once. Left
-        as it is off the main thread (no handler can be set there), under torchrun (the ranks
-        would stop at different steps) and where SIGINT is ignored (a `nohup` run)."""
-        self._stop_requested = False
-        previous = signal.getsignal(signal.SIGINT)
-        if (self.parallel.distributed or threading.current_thread() is not threading.main_thread()
-                or previous is signal.SIG_IGN):
-            yield
-            return
-
-        def request_stop(signum: int, frame: Any) -> None:
-            if self._stop_requested:
-                raise KeyboardInterrupt
-            self._stop_requested = True
-            try:  # os.write, not print: a handler that prints while the loop prints raises (reentrant call)
-                os.write(2, b"\nCtrl-C: finishing the current step, then saving a checkpoint (Ctrl-C again stops "
-                            b"at once)\n")
-            except OSError:
-                pass
-
-        signal.signal(signal.SIGINT, request_stop)
-        try:
-            yield
-        finally:
-            signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+    def _stop_agreed(self) -> bool:
+        """Whether a stop was asked for; under torchrun, on any rank (one collective: the ranks
+        got the signal at different moments, but they all stop after the same step)."""
+        return any_rank(bool(self._stop), self.parallel) if self.parallel.distributed else bool(self._stop)
 
     def _loop(self, end: int, on_step: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
         run = self.config.train
@@ -589,7 +600,7 @@ class Trainer:
             aside = time.perf_counter()  # evaluation and checkpoints: kept out of the next window's tok/s
             timed_out = run.max_minutes is not None and aside - start > 60 * run.max_minutes
             timed_out = any_rank(timed_out, self.parallel) if run.max_minutes is not None else timed_out  # [parallel]
-            metric = None
+            metric, improved = None, False
             if self.step % run.eval_every == 0 or self.step == run.max_steps or timed_out:
                 last_eval = self.evaluate() or last_eval
                 if "val_loss" in last_eval:
@@ -599,7 +610,8 @@ class Trainer:
                     self.log("eval  " + " | ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
                     if self._tensorboard is not None and (samples := self.samples()) is not None:
                         self._tensorboard.text("samples", samples, self.step)
-                    if self.best is None or metric < self.best:
+                    improved = self.best is None or metric < self.best
+                    if improved:
                         self.best, self.bad_evals = metric, 0
                     else:
                         self.bad_evals += 1
@@ -610,16 +622,19 @@ class Trainer:
                 stop_reason = "max_minutes"
             saved = None
             if (self.step % run.checkpoint_every == 0 or self.step in (run.max_steps, end)
-                    or stop_reason != "max_steps"):
+                    or stop_reason != "max_steps" or improved):  # the best weights are always on disk
                 saved = self.save(metric)
             window_start += time.perf_counter() - aside
-            if self._stop_requested:  # Ctrl-C: the step is complete, checkpoint it and stop
-                raise TrainingInterrupted(self.out, self.step, saved or self.save(metric), saved=True)
+            if self._stop_agreed():  # Ctrl-C or a stop signal: the step is complete, checkpoint it and stop
+                raise TrainingInterrupted(self.out, self.step, saved or self.save(metric), saved=True,
+                                          signal=self._stop.signal or "SIGINT")
             if stop_reason != "max_steps":
                 self.log(f"stopping at step {self.step}: {stop_reason}")
                 break
         if stop_reason == "max_steps" and self.step < run.max_steps:
             stop_reason = "stop_at"  # paused: fit() again goes on
+        if math.isnan(train_loss) and self.history["train"]:  # no step ran (a complete run resumed): the last logged
+            train_loss = self.history["train"][-1][1]
         seconds = time.perf_counter() - start
         compiled = {"compile_seconds": clock.total} if clock is not None else {}
         return {"steps": self.step, "stop_reason": stop_reason, "first_loss": first_loss, "train_loss": train_loss,

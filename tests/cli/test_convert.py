@@ -36,7 +36,14 @@ def test_both_directions(hf_gpt2, capsys):
         want = hf(input_ids=ids).logits
         assert real_max_diff(load(tmp / "ours")(ids), want) <= TOL
         assert real_max_diff(back(input_ids=ids).logits, want) <= TOL
-    assert "converted hf" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "converted hf" in captured.err and captured.out == ""  # quiet: the config only on request
+
+
+def test_print_config_prints_the_model_config_and_writes_nothing(hf_gpt2, capsys):
+    _, tmp = hf_gpt2
+    assert main(["convert", str(tmp / "hf"), str(tmp / "ours"), "--print-config"]) == 0
+    assert json.loads(capsys.readouterr().out)["arch"] == "decoder" and not (tmp / "ours").exists()
 
 
 def test_tokenizer_is_carried_over(hf_gpt2):
@@ -172,3 +179,38 @@ def test_a_folder_that_is_no_model_is_a_one_line_error(run, tmp_path, capsys, ma
     assert err.startswith("attnlab convert: error: ") and err.count("\n") == 1, err
     assert message in err
     assert not (tmp_path / "out").exists()
+
+
+_KILLED_MID_WRITE = """
+import os, signal, sys
+from attnlab.interop import serialization
+
+def write_then_die(*args, **kwargs):  # SIGKILL with the new export half written: no cleanup runs
+    serialization_write(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+serialization_write, serialization.write_safetensors = serialization.write_safetensors, write_then_die
+from attnlab.cli.main import main
+main(["convert", sys.argv[1], sys.argv[2], "--to", "attnlab"])
+"""
+
+
+def test_a_convert_killed_mid_write_leaves_nothing_once_the_export_is_written_again(hf_gpt2):
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    hf, tmp = hf_gpt2
+    assert main(["convert", str(tmp / "hf"), str(tmp / "ours")]) == 0  # the earlier export
+    root = Path(__file__).resolve().parents[2]
+    killed = subprocess.run([sys.executable, "-c", _KILLED_MID_WRITE, str(tmp / "hf"), str(tmp / "ours")], cwd=root,
+                            env={**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}, capture_output=True)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert [p.name for p in tmp.glob(".tmp-ours-*")], "the killed writer left no temporary: nothing tested"
+    assert main(["convert", str(tmp / "hf"), str(tmp / "ours")]) == 0
+    assert sorted(p.name for p in tmp.iterdir()) == ["hf", "ours"]
+    ids = torch.randint(0, 40, (2, 9))
+    with torch.no_grad():
+        assert real_max_diff(load(tmp / "ours")(ids), hf(input_ids=ids).logits) <= TOL

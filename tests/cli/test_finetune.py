@@ -231,3 +231,18 @@ def test_resume_without_checkpoints_warns_and_runs_the_job(setup, tmp_path, caps
     shutil.rmtree(tmp_path / "o" / "runs")  # a model and nothing to resume: --resume is a fresh job, refused here
     assert main(["finetune", str(tmp_path / "small.json"), "--resume"]) == 2
     assert "already holds a fine-tuned model" in capsys.readouterr().err
+
+
+def test_finetune_prints_one_setup_line_and_the_config_on_request(setup, tmp_path, capsys):
+    root, config = setup
+    small = dict(config, recipe=dict(config["recipe"], max_steps=2), seeds=[0], probe_steps=0,
+                 out_dir=str(tmp_path / "o"))
+    (tmp_path / "c.json").write_text(json.dumps(small), encoding="utf-8")
+    assert main(["finetune", str(tmp_path / "c.json"), "--print-config"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["recipe"]["max_steps"] == 2 and "layer_decay" in printed["recipe"] and printed["head"] == "classification"
+    assert not (tmp_path / "o").exists()  # --print-config writes nothing
+    assert main(["finetune", str(tmp_path / "c.json")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "{" not in out and not any(line.startswith('  "') for line in out), out  # no config dump
+    assert out[0] == f"finetune: {root / 'base'} | classification | train {root / 'train.csv'} | 2 steps x 1 seed(s) | out {tmp_path / 'o'}"

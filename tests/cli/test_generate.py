@@ -28,11 +28,11 @@ def tok():
     return Tokenizer.train(TEXT, kind="char", special_tokens=["<pad>", "<unk>", "<s>", "</s>"])
 
 
-def _model(arch: str, vocab: int):
+def _model(arch: str, vocab: int, max_len: int = 128):
     torch.manual_seed(0)
     cfg = ModelConfig(arch=arch, vocab_size=vocab, d_model=32, num_layers=2, num_heads=4, d_ff=64, dropout=0.0,
                       norm_placement="pre", position={"scheme": "rotary" if arch == "decoder" else "learned",
-                                                      "max_len": 128}, init_std=0.3)
+                                                      "max_len": max_len}, init_std=0.3)
     return build_model(cfg).eval()
 
 
@@ -195,6 +195,29 @@ def test_past_the_context_learned_positions_refuse_rotary_ones_warn(tmp_path, to
     ids = torch.tensor([tok.encode("the cat")])
     eos = tok.token_to_id("</s>")
     assert out.out == "the cat" + _new_text(tok, generate(model, ids, 20, eos_token_id=eos)[0, 7:], eos) + "\n"
+
+
+def test_the_default_length_follows_the_models_positions(tmp_path, tok, capsys):
+    """--max-new-tokens left out: 128 for translate, 50 for generate, or what position.max_len
+    leaves (learned positions refuse more, rotary ones were never trained past it); a value
+    given beyond a table's end stays an error naming the limit."""
+    model = _model("encoder_decoder", tok.vocab_size, max_len=16)  # learned positions: 16 slots
+    save(model, tmp_path / "mt", tokenizer=tok)
+    (tmp_path / "in.txt").write_text("the cat\n", encoding="utf-8")
+    eos, bos = tok.token_to_id("</s>"), tok.token_to_id("<s>")
+    source = torch.tensor([tok.encode("the cat") + [eos]])
+    want = _new_text(tok, generate(model, source, 15, eos_token_id=eos, decoder_start_token_id=bos)[0, 1:], eos)
+    translate = ["translate", str(tmp_path / "mt"), "--input", str(tmp_path / "in.txt"), "--num-beams", "1", "--quiet"]
+    assert main(translate) == 0
+    assert capsys.readouterr() == (want + "\n", "")
+    assert main(translate + ["--max-new-tokens", "16"]) == 2
+    assert "exceeds the model's context (position.max_len=16); lower max_new_tokens to at most 15" in \
+        capsys.readouterr().err
+    lm, folder = _lm(tmp_path, tok, scheme="rotary", max_len=16)
+    ids = torch.tensor([tok.encode("the cat")])  # 7 tokens: 9 positions left
+    assert main(["generate", folder, "--prompt", "the cat", "--no-stream"]) == 0
+    want = "the cat" + _new_text(tok, generate(lm, ids, 9, eos_token_id=eos)[0, 7:], eos) + "\n"
+    assert capsys.readouterr() == (want, "")  # no warning: the default stays inside the context
 
 
 def test_sampling_flags_without_sample_warn_and_decode_greedily(tmp_path, tok, capsys):

@@ -237,3 +237,83 @@ def test_sigint_to_a_train_process_saves_and_the_resume_is_bitwise(tmp_path):
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err
     assert _final_checkpoints_equal(tmp_path / "full", tmp_path / "run", 12)
+
+
+def test_train_is_quiet_by_default_one_setup_line_the_config_on_request(tmp_path, capsys):
+    assert main(["train", str(_config_file(tmp_path, max_steps=2, log_every=100))]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert not any(line.startswith(("{", "}", " ")) for line in out)  # no dump of the resolved config
+    setup = [line for line in out if line.startswith("setup: ")]
+    assert len(setup) == 1 and len(out) <= 6, out
+    for part in ("decoder", "parameters", "causal_lm on ", "seq_len 16", "batch 4 x 1", "2 steps",
+                 "precision: fp32", "device cpu", f"out {tmp_path / 'run'}"):
+        assert part in setup[0], (part, setup[0])
+
+
+def test_resume_below_the_step_reached_is_a_one_line_error(tmp_path, capsys):
+    assert main(["train", str(_config_file(tmp_path, max_steps=4))]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path / "run"), "--train.max_steps", "2"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and errors[0].startswith("attnlab train: error: train.max_steps=2, but the run in")
+    assert "at step 4 already" in errors[0]
+
+
+def test_a_moved_or_copied_run_folder_evaluates_generates_and_resumes_from_any_folder(tmp_path, capsys, monkeypatch):
+    import shutil
+
+    from attnlab.training.trainer import Trainer
+
+    start = tmp_path / "start"  # the run starts here, with paths relative to it
+    cfg = tiny_config(start, max_steps=6, checkpoint_every=100, eval_every=100)
+    cfg["data"].update(source="train.txt", valid="valid.txt")
+    cfg["train"]["out_dir"] = "run"
+    (start / "run.json").write_text(json.dumps(cfg))
+    monkeypatch.chdir(start)
+    assert main(["train", "run.json", "--train.out_dir", "full"]) == 0  # the uninterrupted reference
+    plain_step = Trainer._train_step
+
+    def step_then_ctrl_c(self):
+        result = plain_step(self)
+        if self.step == 2 and self.out.name == "run":  # during step 3
+            os.kill(os.getpid(), signal.SIGINT)
+        return result
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Trainer, "_train_step", step_then_ctrl_c)
+        assert main(["train", "run.json"]) == 130
+    saved = json.loads((start / "run" / "config.json").read_text())["config"]
+    assert (saved["data"]["source"], saved["data"]["valid"]) == (str(start / "train.txt"), str(start / "valid.txt"))
+    moved, copied = tmp_path / "elsewhere" / "moved", tmp_path / "elsewhere" / "copied"
+    moved.parent.mkdir()
+    shutil.move(start / "run", moved)
+    shutil.copytree(moved, copied)
+    (tmp_path / "other").mkdir()
+    monkeypatch.chdir(tmp_path / "other")
+    capsys.readouterr()
+    for run in (moved, copied):
+        assert main(["eval", str(run)]) == 0, capsys.readouterr().err
+        result = json.loads(capsys.readouterr().out)
+        assert result["step"] == 3 and result["checkpoint"] == str(run / "checkpoints" / "step-00000003")
+        assert main(["generate", str(run), "--prompt", "the", "--max-new-tokens", "5", "--no-stream"]) == 0
+        assert capsys.readouterr().out.startswith("the")
+        assert main(["train", "--resume", str(run)]) == 0, capsys.readouterr().err
+        assert f"resumed from {run / 'checkpoints' / 'step-00000003'}" in capsys.readouterr().out
+        assert _final_checkpoints_equal(start / "full", run, 6)
+    assert not (start / "run").exists() and sorted(p.name for p in (tmp_path / "other").iterdir()) == []
+
+
+def test_a_config_with_relative_paths_resumes_its_run_which_recorded_them_absolute(tmp_path, capsys, monkeypatch):
+    from attnlab.tokenizers import Tokenizer
+
+    cfg = tiny_config(tmp_path, max_steps=2)
+    Tokenizer.train([(tmp_path / "train.txt").read_text()], kind="char",
+                    special_tokens=["<pad>", "<unk>", "</s>"]).save(tmp_path / "tok.json")
+    cfg["data"].update(source="train.txt", valid="valid.txt", tokenizer={"path": "tok.json"})
+    (tmp_path / "run.json").write_text(json.dumps(cfg))
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "run.json"]) == 0
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())["config"]
+    assert saved["data"]["tokenizer"]["path"] == str(tmp_path / "tok.json")
+    assert main(["train", "run.json", "--train.max_steps", "3", "--resume"]) == 0  # the same tokenizer, named two ways
+    assert "resumed from" in capsys.readouterr().out

@@ -1,6 +1,7 @@
 """The one atomic file writer and the one atomic folder writer: a crash mid-write leaves the old
 content, a folder attnlab did not write is never deleted, an earlier attnlab folder is replaced."""
 
+import errno
 import json
 import os
 
@@ -142,3 +143,113 @@ def test_written_files_and_folders_follow_the_umask(tmp_path, mask):
     assert mode(tmp_path / "f.txt") == mode(tmp_path / "g.bin") == mode(tmp_path / "plain.txt") == 0o666 & ~mask
     assert mode(tmp_path / "d") == mode(tmp_path / "plain") == 0o777 & ~mask
     assert mode(tmp_path / "d" / "inner.txt") == 0o666 & ~mask
+
+
+# ---------------------------------------------------------------- strict JSON
+
+def test_json_text_writes_nan_and_infinities_as_null():
+    data = {"loss": float("nan"), "ppl": float("inf"), "low": -float("inf"), "ok": 1.5, "n": 3, "flag": True,
+            "nested": [{"x": float("nan")}, (float("inf"), 2.0)], "text": "NaN"}
+    text = files.json_text(data, sort_keys=True)
+    assert json.loads(text) == {"loss": None, "ppl": None, "low": None, "ok": 1.5, "n": 3, "flag": True,
+                                "nested": [{"x": None}, [None, 2.0]], "text": "NaN"}
+    assert "NaN" not in text.replace('"NaN"', "") and "Infinity" not in text
+    assert data["loss"] != data["loss"]  # the caller's data is left as it was
+
+
+def test_atomic_write_json_is_strict(tmp_path):
+    atomic_write_json(tmp_path / "s.json", {"val_loss": float("nan")})
+    text = (tmp_path / "s.json").read_text()
+    json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} is not JSON"))
+    assert read_json(tmp_path / "s.json") == {"val_loss": None}
+
+
+def test_append_line_adds_whole_lines(tmp_path):
+    files.append_line(tmp_path / "m.jsonl", '{"step": 1}')
+    files.append_line(tmp_path / "m.jsonl", '{"step": 2}')
+    assert (tmp_path / "m.jsonl").read_text() == '{"step": 1}\n{"step": 2}\n'
+
+
+# ---------------------------------------------------------------- what killed writers leave behind
+
+def _dead_pid() -> int:
+    """The PID of a process that has ended (and been reaped)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
+    return int(proc.stdout)
+
+
+def _leftover(folder, target, pid, *, host=None, kind=".tmp-", is_dir=False):
+    """An entry named as a writer `pid` on `host` (default: this one) would have named it."""
+    path = folder / f"{kind}{target}-{pid}-{host or files._host_tag()}-abc123_x"
+    if is_dir:
+        path.mkdir()
+        (path / "model.safetensors").write_bytes(b"half")
+    else:
+        path.write_bytes(b"half")
+    return path
+
+
+@pytest.mark.parametrize("writer", ["file", "folder"])
+def test_a_killed_writers_temporaries_go_with_the_next_write_a_live_ones_stay(tmp_path, writer):
+    import subprocess
+    import sys
+
+    target = "out.json" if writer == "file" else "model"
+    dead = _leftover(tmp_path, target, _dead_pid(), is_dir=writer == "folder")
+    live_writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        kept = [_leftover(tmp_path, target, live_writer.pid, is_dir=writer == "folder"),  # a live writer's
+                _leftover(tmp_path, target, _dead_pid(), host="0badbeef"),  # another host's: cannot be judged
+                tmp_path / f".tmp-{target}-x1y2z3ab",  # an older attnlab's name: no writer in it
+                _leftover(tmp_path, f"{target}-2", _dead_pid())]  # another target's
+        kept[2].write_bytes(b"")
+        if writer == "file":
+            atomic_write_text(tmp_path / target, "{}")
+        else:
+            with atomic_folder(tmp_path / target) as tmp:
+                (tmp / "config.json").write_text("{}")
+        assert not dead.exists() and all(p.exists() for p in kept)
+        assert sorted(p.name for p in tmp_path.iterdir()) == sorted([target, *(p.name for p in kept)])
+    finally:
+        live_writer.kill()
+        live_writer.wait()
+
+
+def test_a_folder_set_aside_by_a_killed_swap_stays_until_the_target_is_whole_again(tmp_path):
+    aside = _leftover(tmp_path, "model", _dead_pid(), kind=".old-", is_dir=True)  # killed between the renames
+    with pytest.raises(RuntimeError):
+        with atomic_folder(tmp_path / "model") as tmp:  # a write that fails: the old content is all there is
+            raise RuntimeError("crash")
+    assert aside.exists()
+    with atomic_folder(tmp_path / "model") as tmp:
+        (tmp / "model.safetensors").write_bytes(b"new")
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
+
+
+# ---------------------------------------------------------------- errors name the file, not its temporary
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EIO], ids=["ENOSPC", "EIO"])
+def test_a_failed_write_names_the_target(tmp_path, code):
+    atomic_write_text(tmp_path / "f.txt", "old")
+    with pytest.raises(OSError) as info:
+        with atomic_file(tmp_path / "f.txt"):
+            raise OSError(code, os.strerror(code))  # what a buffered write() raises: no file name
+    assert (info.value.errno, info.value.filename) == (code, str(tmp_path / "f.txt"))
+    with pytest.raises(OSError) as info:
+        with atomic_folder(tmp_path / "m") as tmp:
+            (tmp / "a.bin").write_bytes(b"x")
+            raise OSError(code, os.strerror(code), str(tmp / "a.bin"))
+    assert (info.value.errno, info.value.filename) == (code, str(tmp_path / "m" / "a.bin"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.txt"]
+    assert (tmp_path / "f.txt").read_text() == "old"
+
+
+def test_an_error_that_is_not_the_writes_keeps_its_own_words(tmp_path):
+    with pytest.raises(ConnectionResetError) as info:
+        with atomic_file(tmp_path / "download.bin"):  # e.g. a download written as it arrives
+            raise ConnectionResetError(errno.ECONNRESET, os.strerror(errno.ECONNRESET))
+    assert info.value.filename is None

@@ -150,3 +150,14 @@ def test_a_take_over_that_lost_the_race_puts_the_new_lock_back(tmp_path):
     RunLock(tmp_path / "run", note=notes.append)._take_over({"token": "old"}, "a stale lock")
     assert read_lock(tmp_path / "run" / LOCK_NAME)["token"] == "fresh" and not notes
     assert [p.name for p in (tmp_path / "run").iterdir()] == [LOCK_NAME]
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o002], ids=lambda m: f"umask-{m:03o}")
+def test_the_lock_file_follows_the_umask(tmp_path, mask):
+    old = os.umask(mask)
+    try:
+        with RunLock(tmp_path / "run", command="x"):
+            mode = (tmp_path / "run" / LOCK_NAME).stat().st_mode & 0o777
+    finally:
+        os.umask(old)
+    assert mode == 0o666 & ~mask

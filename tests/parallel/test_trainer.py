@@ -84,3 +84,51 @@ def test_attnlab_train_nproc_2_runs_under_torchrun(tmp_path, capsys):
     assert "torch.distributed.run" in capsys.readouterr().out
     assert (tmp_path / "run" / "checkpoints" / checkpoint_name(4)).is_dir()
     assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 4 + 1  # 4 steps + 1 eval, once
+
+
+def test_sigterm_on_one_rank_stops_every_rank_after_the_same_step_and_resumes_exactly(runs, tmp_path):
+    """Rank 1 alone gets SIGTERM in step 3: the ranks agree after the step, both stop there, rank 0
+    writes step 3's checkpoint, and one process resumes it to the uninterrupted run's weights."""
+    from tests.parallel.workers import trainer_dp_signal
+
+    folder, _, single = runs
+    cfg = _config(folder / "data", tmp_path / "dp", grad_accum=1)
+    cfg["train"]["checkpoint_every"] = 100
+    results = spawn(trainer_dp_signal, 2, args=(cfg, 1, 3), timeout_s=150, collective_timeout_s=60)
+    assert [r["step"] for r in results] == [3, 3] and all(r["saved"] for r in results), results
+    assert results[0]["checkpoint"] == str(tmp_path / "dp" / "checkpoints" / checkpoint_name(3))
+    trainer = Trainer(TrainConfig.from_dict(_config(folder / "data", tmp_path / "one", grad_accum=2)),
+                      log=lambda text: None, show_progress=False)
+    assert trainer.resume(tmp_path / "dp" / "checkpoints" / checkpoint_name(3))
+    trainer.fit()
+    for name, t in _params(single).items():
+        torch.testing.assert_close(_params(trainer)[name], t, atol=1e-6, rtol=0, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.slow
+def test_sigterm_to_attnlab_train_nproc_2_reaches_every_rank_through_torchrun(tmp_path):
+    """SIGTERM to the launching process alone (as Kubernetes or `kill` send it): passed on through
+    torchrun to both ranks, which checkpoint the same step; the command exits 143."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cfg = _config(tmp_path / "data", tmp_path / "run", grad_accum=1)
+    cfg["train"].update(max_steps=400, checkpoint_every=1000, eval_every=1000, log_every=1)
+    (tmp_path / "run.json").write_text(json.dumps(cfg))
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "ATTNLAB_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "attnlab.cli.main", "train", str(tmp_path / "run.json"), "--nproc",
+                             "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=root)
+    for line in proc.stdout:
+        if line.startswith("step"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    assert "stopped by SIGTERM after step" in err and "resume with: attnlab train --resume" in err, err[-2000:]
+    step = int(err.split("stopped by SIGTERM after step ")[1].split(";")[0])
+    assert step < 400 and (tmp_path / "run" / "checkpoints" / checkpoint_name(step)).is_dir()

@@ -267,6 +267,28 @@ def trainer_dp(ctx, config: dict) -> dict[str, str]:
     return results
 
 
+def trainer_dp_signal(ctx, config: dict, victim: int, at_step: int) -> dict[str, object]:
+    """`Trainer` on 2 ranks; rank `victim` alone gets SIGTERM during step `at_step` (a scheduler's
+    signal reaches the ranks at different moments): what each rank's fit raised."""
+    import os
+    import signal
+
+    from attnlab.training import TrainConfig, Trainer
+    from attnlab.training.trainer import TrainingInterrupted
+
+    trainer = Trainer(TrainConfig.from_dict(config), log=lambda text: None, show_progress=False)
+
+    def hook(record: dict) -> None:
+        if ctx.rank == victim and record["step"] == at_step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    try:
+        trainer.fit(on_step=hook)
+    except TrainingInterrupted as err:
+        return {"step": err.step, "saved": err.saved, "checkpoint": str(err.checkpoint)}
+    return {"step": trainer.step, "saved": None, "checkpoint": None}
+
+
 def hang_mid_run(ctx, victim: int, hang_s: float) -> str:
     """Rank `victim` stops taking part (sleeps `hang_s`) while the others wait in a collective."""
     ctx.all_reduce_mean({"x": 1.0}, group="world")

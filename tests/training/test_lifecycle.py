@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from attnlab.io.cache import sha256_file
 from attnlab.io.lock import LOCK_NAME, RunLockedError, read_lock
@@ -64,7 +65,10 @@ def test_ctrl_c_saves_at_the_step_and_the_resumed_run_equals_an_uninterrupted_on
     assert steps == list(range(1, 7))  # each step logged once, across the interruption
 
 
-def test_a_second_ctrl_c_stops_at_once_and_names_the_checkpoint_a_resume_uses(tmp_path):
+def test_a_second_ctrl_c_stops_at_once_and_names_the_checkpoint_a_resume_uses(tmp_path, monkeypatch):
+    from attnlab.training import signals
+
+    monkeypatch.setattr(signals, "REPEAT_S", 0.0)  # the second press comes later than a copy of the first would
     run = _trainer(tmp_path, max_steps=8, checkpoint_every=2)
     with pytest.raises(TrainingInterrupted) as caught:
         run.fit(on_step=_ctrl_c_at(3, times=2))  # the second raises inside step 3's bookkeeping
@@ -131,3 +135,40 @@ def test_the_saved_config_json_rebuilds_the_run(tmp_path):
     rebuilt = TrainConfig.from_dict(saved_run_config(data))
     assert rebuilt == run.config
     assert saved_run_config(tiny_config(tmp_path)) is None  # a config as a user writes it
+
+
+def test_the_best_evaluation_between_checkpoints_keeps_its_weights(tmp_path):
+    """Evaluations every 3 steps, checkpoints every 100: the best evaluation (step 6) falls between
+    checkpoints; its weights must still be saved, and best_checkpoint must name them."""
+    run = _trainer(tmp_path, max_steps=12, eval_every=3, checkpoint_every=100, keep_last=1)
+    scripted = iter([3.0, 2.0, 2.5, 2.6])  # steps 3, 6, 9, 12: the best is not the last
+    run.evaluate = lambda: {"val_loss": next(scripted)}
+    weights = {}
+    run.fit(on_step=lambda r: weights.__setitem__(r["step"], {k: v.clone() for k, v in run.model.state_dict().items()}))
+    index = json.loads((run.checkpoint_dir / "index.json").read_text())
+    assert index["best"] == "step-00000006" and index["best_metric"] == 2.0
+    best = run.checkpoint_dir / index["best"]
+    assert json.loads((best / "state.json").read_text())["metric"] == 2.0  # the checkpoint's own record agrees
+    from safetensors.torch import load_file
+    saved = load_file(best / "model.safetensors")
+    assert all(torch.equal(saved[name], weights[6][name]) for name in saved)  # the weights that scored 2.0
+    assert sorted(p.name for p in run.checkpoint_dir.glob("step-*")) == ["step-00000006", "step-00000012"]
+
+
+def test_resume_past_max_steps_is_refused_and_a_complete_run_reports_its_last_loss(tmp_path):
+    _trainer(tmp_path, max_steps=4).fit()
+    with pytest.raises(ValueError, match=r"train.max_steps=3, but the run in .* is at step 4 already"):
+        _trainer(tmp_path, max_steps=3).fit(resume=True)
+    lines = []
+    done = Trainer(TrainConfig.from_dict(tiny_config(tmp_path, max_steps=4)), show_progress=False, log=lines.append)
+    summary = done.fit(resume=True)
+    assert summary["steps"] == 4 and summary["train_loss"] == summary["train_loss"]  # not NaN: the last logged
+    records = [json.loads(x) for x in (done.out / "metrics.jsonl").read_text().splitlines()]
+    assert summary["train_loss"] == [r["train_loss"] for r in records if "train_loss" in r][-1]
+    assert any("the run is complete: step 4 of train.max_steps=4" in line for line in lines)
+
+
+def test_resume_with_a_stretched_cosine_warns_of_the_learning_rate_jump(tmp_path):
+    _trainer(tmp_path, max_steps=4).fit()
+    with pytest.warns(UserWarning, match=r"train.max_steps 4 -> 8\): the learning rate at step 4 goes from "):
+        _trainer(tmp_path, max_steps=8).fit(resume=True)

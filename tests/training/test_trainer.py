@@ -121,6 +121,31 @@ def test_non_finite_loss_stops_naming_the_step_or_is_skipped(tmp_path, policy):
     assert [r["step"] for r in records if r.get("skipped")] == [3]
 
 
+def _strict(name):
+    raise AssertionError(f"{name} is not JSON")
+
+
+def test_a_skipped_steps_nan_loss_is_written_as_null_and_read_back_as_nan(tmp_path):
+    trainer = _trainer(tmp_path, max_steps=6, nan_policy="skip")
+    calls = {"n": 0}
+
+    def poison(module, args, output):
+        calls["n"] += 1
+        return output * float("nan") if calls["n"] == 3 else output
+
+    trainer.model.final_norm.register_forward_hook(poison)
+    trainer.fit()
+    lines = (Path(trainer.out) / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line, parse_constant=_strict) for line in lines]  # strict JSON: no NaN
+    assert [r["train_loss"] for r in records if r.get("skipped")] == [None]
+    again = _trainer(tmp_path, max_steps=8, nan_policy="skip")
+    assert again.resume()  # reads metrics.jsonl back (the loss curve's history): null is NaN
+    losses = dict(again.history["train"])
+    assert sorted(losses) == [1, 2, 3, 4, 5, 6] and math.isnan(losses[3]) and math.isfinite(losses[4])
+    again.plot()
+    assert (Path(trainer.out) / "loss.png").stat().st_size > 0
+
+
 def test_gradient_accumulation_equals_one_big_batch(tmp_path):
     from attnlab.training.steps import batch_loss
 
