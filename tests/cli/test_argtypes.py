@@ -11,9 +11,8 @@ from attnlab.cli.main import main
 
 def test_positive_float_takes_finite_positive_numbers_only():
     assert positive_float("0.5") == 0.5 and positive_float("4") == 4.0 and positive_float("1e-3") == 1e-3
-    for text, message in [("0", "must be a finite number > 0, got 0"), ("-1", "must be a finite number > 0, got -1"),
-                          ("nan", "must be a finite number > 0, got nan"), ("inf", "must be a finite number > 0, got inf"),
-                          ("-inf", "must be a finite number > 0, got -inf"), ("x", "expected a number, got 'x'")]:
+    refused = [(text, f"must be a finite number > 0, got {text}") for text in ("0", "-1", "nan", "inf", "-inf")]
+    for text, message in refused + [("x", "expected a number, got 'x'")]:
         with pytest.raises(argparse.ArgumentTypeError, match=rf"^{message}$"):
             positive_float(text)
     assert positive_int("3") == 3

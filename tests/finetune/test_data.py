@@ -27,8 +27,8 @@ def test_labels_with_stray_spaces_are_one_class_and_warned_once(tmp_path, suffix
     elif suffix == ".csv":
         path.write_text("text,label\n" + "".join(f'{t},"{y}"\n' for t, y in rows), encoding="utf-8")
     else:
-        path.write_text("text\tlabel\n" + "".join(f"{t}\t{y.lstrip(chr(9))}\n" for t, y in rows),  # a TSV cell holds no tab
-                        encoding="utf-8")
+        cells = [(t, y.lstrip("\t")) for t, y in rows]  # a TSV cell holds no tab
+        path.write_text("text\tlabel\n" + "".join(f"{t}\t{y}\n" for t, y in cells), encoding="utf-8")
     examples, caught = _read(read_examples, path)
     assert [e.label for e in examples] == ["pos", "pos", "neg", "pos", "neg"]
     assert LabelMap.from_examples(examples).labels == ["neg", "pos"]

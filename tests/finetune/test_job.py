@@ -100,7 +100,8 @@ def test_characters_a_char_tokenizer_lacks_are_warned_once_per_data_file(tmp_pat
     rows = colour_rows(12)
     write_csv(tmp_path / "t.csv", ["text", "label"], rows)
     write_csv(tmp_path / "v.csv", ["text", "label"], [(f"{t} café", y) for t, y in rows[:4]] + rows[4:])
-    config = {"model": str(tmp_path / "base"), "data": {"train": str(tmp_path / "t.csv"), "valid": str(tmp_path / "v.csv")},
+    data = {"train": str(tmp_path / "t.csv"), "valid": str(tmp_path / "v.csv")}
+    config = {"model": str(tmp_path / "base"), "data": data,
               "recipe": {"max_steps": 1, "batch_size": 4}, "out_dir": str(tmp_path / "out")}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

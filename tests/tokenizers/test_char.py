@@ -71,7 +71,8 @@ def test_unknown_characters_are_counted_and_warned_once_per_data_set(tok):
     texts = ["hello wörld", "ñ and ñ 😀", "hello"]
     assert list(unknown.watch(t for t in texts)) == texts  # passed through unchanged
     assert list(unknown.watch([("ö", True)])) == [("ö", True)]
-    unk = {c: sum(t.count(c) for t in texts + ["ö"]) for c in set("".join(texts)) if tok.encode(c) == [tok.unk_token_id]}
+    unk = {c: sum(t.count(c) for t in texts + ["ö"]) for c in set("".join(texts))
+           if tok.encode(c) == [tok.unk_token_id]}
     assert unknown.counts == unk == {"ö": 2, "ñ": 2, "😀": 1}  # as many as the tokenizer turns into <unk>
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
