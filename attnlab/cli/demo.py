@@ -13,6 +13,8 @@ import shutil
 import time
 from pathlib import Path
 
+from attnlab.cli.argtypes import positive_float, positive_int
+
 
 RECIPE = {  # the same as examples/shakespeare_char.json (a test keeps the two equal)
     "model": {"preset": "tiny-decoder", "d_model": 128, "num_layers": 4, "num_heads": 4, "d_ff": 512,
@@ -117,11 +119,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                    description=__doc__, epilog="example: attnlab demo --steps 300")
     parser.add_argument("--steps", type=int, default=None,
                         help="optimisation steps (default: as many as fit in --minutes, at most the recipe's 5000)")
-    parser.add_argument("--minutes", type=float, default=4.0,
+    parser.add_argument("--minutes", type=positive_float, default=4.0,
                         help="training time budget when --steps is not given (default 4)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/demo", help="run folder (default runs/demo)")
-    parser.add_argument("--sample-chars", type=int, default=400, help="characters to generate (default 400)")
+    parser.add_argument("--sample-chars", type=positive_int, default=400, help="characters to generate (default 400)")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads (default: PyTorch's choice; 1 is faster on a busy machine)")
     parser.set_defaults(func=_main)
@@ -135,7 +137,5 @@ def _main(args: argparse.Namespace) -> int:
     if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
         raise ValueError(f"--threads must be in [1, {MAX_THREADS}], got {args.threads} (more than the CPUs is capped "
                          "to them)")
-    if not args.minutes > 0:  # nan too
-        raise ValueError(f"--minutes must be positive, got {args.minutes}")
     run(args.steps, args.seed, args.out, args.sample_chars, args.threads, args.minutes)
     return 0

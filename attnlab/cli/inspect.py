@@ -7,7 +7,7 @@ import argparse
 import os
 import re
 
-from attnlab.cli.argtypes import positive_int
+from attnlab.cli.argtypes import positive_float, positive_int
 
 
 def _safe(name: str) -> str:
@@ -318,7 +318,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("gradient-flow", help="||dL/dh_k|| against distance for RNN, LSTM, Transformer",
                        epilog="example: attnlab inspect gradient-flow --seq-len 50 --out grad.png")
     p.add_argument("--seq-len", type=positive_int, default=40)
-    p.add_argument("--spectral-norm", type=float, default=0.9, help="sigma_max of the RNN's W_h (default 0.9)")
+    p.add_argument("--spectral-norm", type=positive_float, default=0.9, help="sigma_max of the RNN's W_h (default 0.9)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="gradient_flow.png")
     p.set_defaults(func=_gradient_flow)

@@ -42,7 +42,8 @@ def predict_file(checkpoint: str, input_path: str, output_path: str, *, text_col
     Raises:
         FileNotFoundError: no model folder or input file.
         ValueError: a missing column, an empty file, an unknown output suffix, a batch size
-            below 1, a model without a fine-tuned head.
+            below 1, a model without a fine-tuned head, a model fine-tuned on text pairs given
+            no `text_pair_column` (or one on single texts given one).
     """
     from attnlab.finetune.data import LabelMap, read_examples
     from attnlab.finetune.job import LABELS_FILE, SETTINGS_FILE
@@ -70,6 +71,7 @@ def predict_file(checkpoint: str, input_path: str, output_path: str, *, text_col
         rows = _predict_words(model, tokenizer, settings, labels, input_path, text_column or "words", batch_size)
         _write_rows(rows, out, token_rows=True)
         return len(rows)
+    _check_pair_input(folder, settings, text_pair_column)
     text_column = text_column or "text"
     examples = read_examples(input_path, text_column=text_column, text_pair_column=text_pair_column, label_column=None)
     out_t = predict(model, tokenizer, examples, max_length=settings.get("max_length", 128),
@@ -90,6 +92,26 @@ def predict_file(checkpoint: str, input_path: str, output_path: str, *, text_col
         rows.append(row)
     _write_rows(rows, out)
     return len(rows)
+
+
+def _check_pair_input(folder: Path, settings: dict, text_pair_column: str | None) -> None:
+    """Refuse to feed a pair model single texts (each would be read as a pair with an empty second
+    text: a confident answer to another question), or a single-text model pairs. The columns are
+    those `attnlab finetune` records in finetune.json; a folder without them is not checked.
+
+    Raises:
+        ValueError: naming the columns the model was fine-tuned on and the flag to change.
+    """
+    if "text_pair_column" not in settings:  # written before finetune.json recorded its columns
+        return
+    trained_text, trained_pair = settings.get("text_column", "text"), settings["text_pair_column"]
+    if trained_pair is not None and text_pair_column is None:
+        raise ValueError(f"{folder} was fine-tuned on text pairs (columns {trained_text!r} and {trained_pair!r}); "
+                         "given only the first text it would answer for an empty second one: name the input's "
+                         f"second text column with --text-pair-column (e.g. --text-pair-column {trained_pair})")
+    if trained_pair is None and text_pair_column is not None:
+        raise ValueError(f"--text-pair-column {text_pair_column!r}: {folder} was fine-tuned on single texts (column "
+                         f"{trained_text!r}), not pairs; leave out --text-pair-column")
 
 
 def _predict_words(model, tokenizer, settings: dict, labels, input_path: str, words_column: str,

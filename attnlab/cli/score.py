@@ -5,7 +5,8 @@ MODEL is a folder `attnlab.save` wrote or an `attnlab train` run folder. For an 
 give the source with `--source` (one for all texts, or one per text): it scores P(text | source).
 Columns: total log-probability (nats), scored tokens, per-token mean, perplexity. A decoder-only
 model scores every token after the tokenizer's beginning-of-sequence token, or after the first
-token when it has none.
+token when it has none. An encoder (a masked LM: its prediction at a position sees the token
+there) is refused; `attnlab fill-mask` shows what a masked LM predicts.
 """
 
 from __future__ import annotations

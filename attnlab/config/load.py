@@ -12,6 +12,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import json.decoder
+import json.scanner
 import os
 from typing import Any, Iterable, TypeVar
 
@@ -60,7 +62,8 @@ def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: unparseable content, not a mapping at the top level, or a YAML file without pyyaml.
+        ValueError: unparseable content, a key given twice in one mapping (the file and line named),
+            not a mapping at the top level, or a YAML file without pyyaml.
     """
     path = os.fspath(path)
     with open(path, encoding="utf-8") as f:
@@ -71,12 +74,12 @@ def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
         except ImportError:
             raise ValueError(f"{path}: reading YAML needs pyyaml (pip install pyyaml), or write the config as JSON") from None
         try:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_unique_key_yaml_loader(yaml, path))
         except yaml.YAMLError as err:
             raise ValueError(f"{path}: not valid YAML ({err})") from None
     else:
         try:
-            data = json.loads(text)
+            data = _UniqueKeyJSONDecoder(path).decode(text)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}: not valid JSON ({err.msg} at line {err.lineno})") from None
     if data is None:
@@ -84,6 +87,74 @@ def load_config_file(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return data
+
+
+def _duplicate_key(path: str, key: Any, line: int, first: int) -> ValueError:
+    return ValueError(f"{path}, line {line}: key {key!r} is given twice in the same mapping (first at line {first}); "
+                      "the second would silently replace the first: keep one")
+
+
+def _unique_key_yaml_loader(yaml: Any, path: str) -> type:
+    """PyYAML's safe loader, refusing a key given twice in one mapping (it keeps the last silently).
+    A merge key (`<<: *defaults`) may still be overridden by the mapping's own keys."""
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark.line + 1)
+                except TypeError:  # an unhashable key: the base class says so
+                    continue
+                if first != key_node.start_mark.line + 1:
+                    raise _duplicate_key(path, key, key_node.start_mark.line + 1, first)
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeyLoader
+
+
+class _UniqueKeyJSONDecoder(json.JSONDecoder):
+    """json's decoder, refusing a key given twice in one object (json keeps the last silently).
+    It runs json's pure-Python scanner, whose object parser can be wrapped (config files are small)."""
+
+    def __init__(self, path: str):
+        super().__init__()
+        self.path = path
+        self.parse_object = self._object
+        self.scan_once = json.scanner.py_make_scanner(self)
+
+    def _object(self, s_and_end, strict, scan_once, object_hook, object_pairs_hook, memo=None):
+        pairs, end = json.decoder.JSONObject(s_and_end, strict, scan_once, None, list, memo)
+        keys = [key for key, _ in pairs]
+        if len(set(keys)) < len(keys):
+            text, start = s_and_end
+            lines = self._key_lines(text, start, scan_once)
+            seen: dict[str, int] = {}
+            for key, line in zip(keys, lines):
+                if key in seen:
+                    raise _duplicate_key(self.path, key, line, seen[key])
+                seen[key] = line
+        return dict(pairs), end
+
+    @staticmethod
+    def _key_lines(text: str, pos: int, scan_once) -> list[int]:
+        """The line of each key of the object that opens just before `pos` (already known to parse)."""
+        lines, ws = [], " \t\n\r"
+        while True:
+            while text[pos] in ws:
+                pos += 1
+            if text[pos] == "}":
+                return lines
+            lines.append(text.count("\n", 0, pos) + 1)
+            _, pos = json.decoder.scanstring(text, pos + 1, True)
+            while text[pos] in ws + ":":
+                pos += 1
+            _, pos = scan_once(text, pos)
+            while text[pos] in ws + ",":
+                pos += 1
 
 
 # ---------------------------------------------------------------- overrides

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import types
 import typing
 from typing import Any, Iterable, Iterator
@@ -61,6 +62,16 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _is_finite(value: int | float) -> bool:
+    """False for NaN, +-inf and an integer too large for a float (JSON reads 1e999 as inf, YAML
+    `.nan`/`.inf`, and `--optim.lr NaN` parses to nan: each would train into a nan loss or fail
+    late inside torch, so they are refused where the config is read)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond a float's range
+        return False
+
+
 def choice(path: str, value: Any, allowed: Iterable[Any]) -> None:
     """Raises ConfigError unless `value` is one of `allowed`."""
     allowed = tuple(allowed)
@@ -89,6 +100,8 @@ def in_range(path: str, value: Any, low: float | None = None, high: float | None
     expected = f"expected {kind}{' ' + bound if bound else ''}{' or null' if optional else ''}, got {value!r}"
     if not (_is_int(value) if integer else _is_number(value)):
         raise ConfigError(path, expected)
+    if not integer and not _is_finite(value):  # NaN passes every comparison below
+        raise ConfigError(path, f"expected a finite number, got {value!r}")
     below = low is not None and (value <= low if low_open else value < low)
     above = high is not None and (value >= high if high_open else value > high)
     if below or above:
@@ -179,6 +192,8 @@ def convert(tp: Any, value: Any, path: str) -> Any:
     if tp is float:
         if not _is_number(value):
             raise ConfigTypeError(path, f"expected a number, got {value!r}")
+        if not _is_finite(value):  # a ConfigError, not a type error: a union does not try its next type
+            raise ConfigError(path, f"expected a finite number, got {value!r}")
         return float(value)
     if tp is int and not _is_int(value) or tp in (bool, str) and not isinstance(value, tp) \
             or (tp is dict or origin is dict) and not isinstance(value, dict):

@@ -12,6 +12,7 @@ Notation: B prompts, P padded prompt length, n new tokens, V vocabulary.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
@@ -30,6 +31,14 @@ class GenerateOutput(NamedTuple):
 
     sequences: Tensor  # (B * num_return_sequences, T)
     scores: Tensor  # (B * num_return_sequences,)
+
+
+def _finite(name: str, value: Any, rule: str) -> float:
+    """A finite real number (NaN or inf would decode silently: nan beam scores sort anyhow, an
+    infinite temperature samples uniformly)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number{rule}, got {value!r}")
+    return value
 
 
 def _int(name: str, value: Any, low: int) -> int:
@@ -140,7 +149,7 @@ def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, attent
     no_repeat_ngram_size = _int("no_repeat_ngram_size", no_repeat_ngram_size, 0)
     min_new_tokens = _int("min_new_tokens", min_new_tokens, 0)
     if do_sample:
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature > 0:
+        if not _finite("temperature", temperature, " > 0 when sampling") > 0:
             raise ValueError(f"temperature must be > 0 when sampling, got {temperature!r}")
         if top_k is not None:
             top_k = _int("top_k", top_k, 1)
@@ -149,8 +158,9 @@ def generate(model: nn.Module, input_ids: Tensor, max_new_tokens: int, *, attent
             raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
         if num_beams > 1:
             raise ValueError("do_sample=True with num_beams > 1 (beam sampling) is not supported")
-    if not isinstance(repetition_penalty, (int, float)) or not repetition_penalty > 0:
+    if not _finite("repetition_penalty", repetition_penalty, " > 0") > 0:
         raise ValueError(f"repetition_penalty must be > 0, got {repetition_penalty!r}")
+    _finite("length_penalty", length_penalty, "")
     if num_beams > 1 and num_return_sequences > num_beams:
         raise ValueError(f"num_return_sequences={num_return_sequences} must be <= num_beams={num_beams}")
     if num_beams == 1 and not do_sample and num_return_sequences > 1:

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from attnlab.data.objectives import encoder_source
-from attnlab.decoding.runner import is_seq2seq, sequence_log_probs
+from attnlab.decoding.runner import is_seq2seq, lm_decoder, sequence_log_probs
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,26 @@ class SequenceScore:
     def perplexity(self) -> float:
         """exp(-mean); nan when nothing was scored."""
         return math.exp(-self.mean) if self.tokens else math.nan
+
+
+def check_causal_lm(model: nn.Module) -> None:
+    """Raise unless `model` gives next-token probabilities: a decoder with an LM head or an
+    encoder-decoder (Transformer or recurrent). A masked-LM encoder's prediction at a position
+    sees the token there, so a "perplexity" from it would look fine and mean nothing.
+
+    Raises:
+        ValueError: naming what the model is, and `attnlab fill-mask` for a masked-LM encoder.
+    """
+    try:
+        lm_decoder(model)
+    except TypeError:
+        config = getattr(model, "config", None)
+        arch, head = getattr(config, "arch", None), getattr(config, "head", None)
+        what = f"arch={arch!r}, head={head!r}" if config is not None else type(model).__name__
+        hint = (": a masked-LM encoder predicts a hidden token from both sides, not the next one (use "
+                "`attnlab fill-mask` to see what it predicts for a [MASK])") if head == "mlm" else ""
+        raise ValueError(f"score needs a causal language model, a decoder with an LM head (arch='decoder', "
+                         f"head='lm') or an encoder-decoder; this model is {what}{hint}") from None
 
 
 def _role(tokenizer: Any, role: str) -> int | None:
@@ -89,9 +109,11 @@ def score_texts(model: nn.Module, tokenizer: Any, texts: Sequence[str], *, sourc
         with_eos: score the end token after each text too.
 
     Raises:
-        ValueError: no texts, sources missing or of another length, a text too short to score
-            (and the model's own error for a text longer than its learned positions).
+        ValueError: a model that is not a causal LM (`check_causal_lm`), no texts, sources
+            missing or of another length, a text too short to score (and the model's own error
+            for a text longer than its learned positions).
     """
+    check_causal_lm(model)
     if not texts:
         raise ValueError("give at least one text to score")
     seq2seq = is_seq2seq(model)
@@ -116,4 +138,4 @@ def score_texts(model: nn.Module, tokenizer: Any, texts: Sequence[str], *, sourc
     return results
 
 
-__all__ = ["SequenceScore", "score_texts"]
+__all__ = ["SequenceScore", "check_causal_lm", "score_texts"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -52,11 +53,36 @@ def _rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         with path.open(encoding="utf-8", newline="") as f:
             reader = csv.DictReader(f, **csv_dialect(path))  # the header names the columns
             for i, row in enumerate(reader, start=2):
+                if None in row:  # DictReader files fields beyond the header under None: they would be lost
+                    raise _extra_fields(path, i, reader.fieldnames, row[None])
                 yield i, row
             if reader.fieldnames is None:
                 return
     else:
         raise ValueError(f"{path}: data files must end in .csv, .tsv or .jsonl, got {suffix or 'no suffix'!r}")
+
+
+def _extra_fields(path: Path, row: int, header: Sequence[str], extra: Sequence[str]) -> ValueError:
+    """A row with more fields than the header names (its extra fields would be dropped silently)."""
+    cause = "a tab inside a text?" if path.suffix.lower() == ".tsv" else \
+        "a comma inside a text that is not in double quotes?"
+    return ValueError(f"{path}: row {row} has {len(header) + len(extra)} fields, but the header names "
+                      f"{len(header)} columns ({', '.join(header)}); the extra {extra!r} would be lost ({cause} "
+                      "Name every column in the header, or fix the row)")
+
+
+def strip_labels(labels: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(labels without surrounding whitespace, the ones that had some): `pos ` and `pos` are
+    one class, not two (a stray space in a spreadsheet cell is invisible there)."""
+    stripped = [x.strip() for x in labels]
+    return stripped, [x for x, y in zip(labels, stripped) if x != y]
+
+
+def warn_stripped_labels(path: str | os.PathLike, changed: Sequence[str]) -> None:
+    """One warning per file for the labels `strip_labels` changed: how many, and an example."""
+    if changed:
+        warnings.warn(f"{path}: {len(changed)} label(s) had spaces around them (e.g. {changed[0]!r}); they are read "
+                      f"without, so {changed[0]!r} and {changed[0].strip()!r} are one class", UserWarning, stacklevel=3)
 
 
 def read_examples(path: str | os.PathLike, *, text_column: str = "text", text_pair_column: str | None = None,
@@ -68,12 +94,14 @@ def read_examples(path: str | os.PathLike, *, text_column: str = "text", text_pa
         text_column, text_pair_column, label_column: the column (CSV header / JSON key) names.
 
     Returns:
-        the examples in file order.
+        the examples in file order; labels without surrounding whitespace (a warning says how
+        many had some).
 
     Raises:
         FileNotFoundError: no such file.
         ValueError: an empty file, a column that does not exist (named, with the columns
-            there are), or a row with an empty text or label (named by its row number).
+            there are), a row with an empty text or label (named by its row number), or a
+            CSV/TSV row with more fields than its header names.
     """
     path = Path(path)
     if not path.is_file():
@@ -97,6 +125,11 @@ def read_examples(path: str | os.PathLike, *, text_column: str = "text", text_pa
         out.append(Example(values["text_column"], values["text_pair_column"], values["label_column"], i))
     if not out:
         raise ValueError(f"{path} is empty: expected a header and at least one example row")
+    if label_column is not None:
+        labels, changed = strip_labels([e.label for e in out])
+        for e, label in zip(out, labels):
+            e.label = label
+        warn_stripped_labels(path, changed)
     return out
 
 

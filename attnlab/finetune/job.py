@@ -58,6 +58,7 @@ from attnlab.finetune.token_runner import TokenFinetuner
 from attnlab.finetune.tokens import encode_word_labels, read_word_examples, word_label_map
 from attnlab.io.files import atomic_folder, atomic_write_text, json_text
 from attnlab.io.lock import RunLock
+from attnlab.tokenizers.char import UnknownCharacters
 from attnlab.training.threads import MAX_THREADS, set_threads
 
 LABELS_FILE = "labels.json"
@@ -239,6 +240,8 @@ def _run_job(job: FinetuneJobConfig, config: dict[str, Any] | FinetuneJobConfig,
     sign = -1.0 if metric == "mse" else 1.0  # the sweep maximises: mse is an error
     base_model, tokenizer = load_pretrained(str(resolve(job.model)) if job.model != "minilm" else "minilm",
                                             resolve(job.tokenizer))
+    _warn_unknown_characters(tokenizer, [(resolve(data.train), train), (resolve(data.valid), valid),
+                                         (resolve(data.test), test)])
     runs = out / "runs"
     probe_file = runs / "probe.json"
     known = {int(k): float("nan") if v is None else v  # null: a score that was NaN (json_text)
@@ -306,6 +309,19 @@ def _run_job(job: FinetuneJobConfig, config: dict[str, Any] | FinetuneJobConfig,
     shown = {k: summary[k] for k in ("valid", "test") if k in summary}
     log(f"finetune: best seed {result.best_seed}, {json_text(shown)}, {summary['seconds']} s -> {out}")
     return summary
+
+
+def _warn_unknown_characters(tokenizer: Any, splits: list[tuple[Path | None, list | None]]) -> None:
+    """One warning per data file for the characters a character tokenizer lacks (they become its
+    unknown token; attnlab.tokenizers.char.UnknownCharacters); nothing for other tokenizers."""
+    for path, examples in splits:
+        unknown = UnknownCharacters.of(tokenizer)
+        if unknown is None or examples is None:
+            continue
+        for e in examples:
+            for text in (e.words if hasattr(e, "words") else (e.text, e.text_pair or "")):
+                unknown.add(text)
+        unknown.warn(str(path))
 
 
 def _save(run: Finetuner, tokenizer: Any, labels: LabelMap, folder: Path, inputs: dict[str, str | None]) -> None:

@@ -90,6 +90,14 @@ class Recipe:
             non_negative(s + name, getattr(self, name), integer=True)
         choice(s + "schedule", self.schedule, ("constant", "cosine"))
         in_range(s + "warmup_ratio", self.warmup_ratio, 0, 1, high_open=True)
+        # AdamW's and the schedule's: refused here by their recipe names, not by the trainer's
+        # optim.* ones after the data is read and the model loaded
+        for i, beta in enumerate(self.betas):
+            in_range(f"{s}betas[{i}]", beta, 0, 1, high_open=True)
+        positive(s + "eps", self.eps)
+        non_negative(s + "weight_decay", self.weight_decay)
+        non_negative(s + "grad_clip", self.grad_clip, optional=True)  # 0, like None: no clipping
+        in_range(s + "min_lr_ratio", self.min_lr_ratio, 0, 1)
         non_negative(s + "lm_loss_weight", self.lm_loss_weight)
         choice(s + "padding_side", self.padding_side, ("left", "right"))
         choice(s + "label_position", self.label_position, ("first", "last"))

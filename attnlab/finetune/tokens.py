@@ -28,7 +28,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from attnlab.finetune.data import LabelMap, _rows
+from attnlab.finetune.data import LabelMap, _rows, strip_labels, warn_stripped_labels
 
 IGNORE = -100
 
@@ -70,7 +70,7 @@ def read_word_examples(path: str | os.PathLike, *, words_column: str = "words",
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"data file {path} does not exist")
-    out = []
+    out, changed = [], []
     for i, row in _rows(path):
         for option, column in (("text_column", words_column), ("label_column", labels_column)):
             if column is not None and column not in row:
@@ -80,12 +80,14 @@ def read_word_examples(path: str | os.PathLike, *, words_column: str = "words",
             raise ValueError(f"{path}: row {i} has no words in {words_column!r}")
         labels = None
         if labels_column is not None:
-            labels = _as_list(row[labels_column], path, i, labels_column)
+            labels, stripped = strip_labels(_as_list(row[labels_column], path, i, labels_column))
+            changed += stripped
             if len(labels) != len(words):
                 raise ValueError(f"{path}: row {i} has {len(words)} words but {len(labels)} labels")
         out.append(WordExample(words, labels, i))
     if not out:
         raise ValueError(f"{path} is empty: expected at least one row of words and labels")
+    warn_stripped_labels(path, changed)
     return out
 
 

@@ -91,9 +91,11 @@ def communication_cost(config: ModelConfig, *, tp: int, dp: int, seq_len: int, b
         "dp_gradient_bytes", "dp_ring_bytes_per_rank", "params_per_rank", ...}.
 
     Raises:
-        ValueError: sizes below 1.
+        ValueError: sizes below 1 (tgt_len too, when given).
     """
-    for name, value in (("tp", tp), ("dp", dp), ("seq_len", seq_len), ("batch", batch), ("bytes_per_value", bytes_per_value)):
+    sizes = (("tp", tp), ("dp", dp), ("seq_len", seq_len), ("batch", batch), ("bytes_per_value", bytes_per_value),
+             *((("tgt_len", tgt_len),) if tgt_len is not None else ()))  # 0 or -4 would be read as bytes
+    for name, value in sizes:
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     if config.arch == "rnn_encoder_decoder":

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
-from typing import ClassVar
+from typing import Any, ClassVar, Iterable, Iterator
 
 from attnlab.tokenizers.base import TokenModel
 
@@ -83,3 +84,49 @@ def frequency_vocab(
         if item not in vocab:
             vocab[item] = len(vocab)
     return vocab
+
+
+class UnknownCharacters:
+    """Counts the characters of a data set that a character vocabulary lacks (each encodes as the
+    unknown token): a validation file in another script, or text the tokenizer never saw, is
+    otherwise read as a stream of `<unk>` without a word. Fed text by text (`add`, or `watch`
+    on a stream of pieces), it warns once for the data set (`warn`).
+
+    Example:
+        >>> unknown = UnknownCharacters({"a": 0, "b": 1, "<unk>": 2}, "<unk>")
+        >>> unknown.add("abcab\u00e9c")
+        >>> unknown.counts
+        Counter({'c': 2, '\u00e9': 1})
+    """
+
+    def __init__(self, vocab: dict[str, int], unk_token: str):
+        self.vocab, self.unk_token = vocab, unk_token
+        self.counts: Counter[str] = Counter()
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> "UnknownCharacters | None":
+        """A counter for `tokenizer` when it is a character tokenizer; None for other kinds (an
+        unknown word or piece is a matter of vocabulary size, not a character never seen)."""
+        model = getattr(tokenizer, "model", None)
+        return cls(model.vocab, model.unk_token) if isinstance(model, CharModel) else None
+
+    def add(self, text: str) -> None:
+        for char in set(text).difference(self.vocab):  # a set pass per text: cheap beside encoding it
+            self.counts[char] += text.count(char)
+
+    def watch(self, pieces: Iterable[Any]) -> Iterator[Any]:
+        """`pieces` (texts, or (text, ...) tuples) passed through unchanged, each counted."""
+        for piece in pieces:
+            self.add(piece[0] if isinstance(piece, tuple) else piece)
+            yield piece
+
+    def warn(self, source: str) -> None:
+        """One warning naming `source`, how many characters became the unknown token and the
+        most frequent of them; none when every character was in the vocabulary."""
+        if not self.counts:
+            return
+        ranked = sorted(self.counts, key=lambda c: (-self.counts[c], c))  # ties by code point: the same each run
+        total, examples = sum(self.counts.values()), ", ".join(repr(c) for c in ranked[:5])
+        warnings.warn(f"{source}: {total:,} character(s) are not in the character vocabulary and are encoded as "
+                      f"{self.unk_token!r} ({len(self.counts)} distinct, most frequent: {examples}); train the "
+                      "tokenizer on text that holds them", UserWarning, stacklevel=2)

@@ -63,6 +63,33 @@ def iter_sequences(texts_or_files: TextsOrFiles, chunk_chars: int | None = None)
             )
 
 
+def describe_corpus(texts_or_files: TextsOrFiles) -> str:
+    """How a message names a corpus: its file(s) (`'a.txt'`, `'a.txt', 'b.txt'`), else
+    `texts_or_files (the texts given)`."""
+    if isinstance(texts_or_files, (str, os.PathLike)):
+        return repr(str(texts_or_files))
+    items = list(texts_or_files)[:4] if isinstance(texts_or_files, (list, tuple)) else []
+    if items and all(isinstance(item, os.PathLike) for item in items):
+        more = len(texts_or_files) - 3
+        return ", ".join(repr(str(item)) for item in items[:3]) + (f" and {more} more" if more > 0 else "")
+    return "texts_or_files (the texts given)"
+
+
+def check_has_text(counts: Iterable[str], texts_or_files: TextsOrFiles, kind: str) -> None:
+    """Refuse a corpus with nothing but whitespace: a tokenizer trained on it would be saved
+    holding its special tokens (and bytes, or a space) only, and fail nowhere near the cause.
+
+    Args:
+        counts: what was counted from the corpus (its words, pieces or characters).
+
+    Raises:
+        ValueError: naming the corpus (`describe_corpus`).
+    """
+    if not any(str(word).strip() for word in counts):
+        raise ValueError(f"{describe_corpus(texts_or_files)}: no text (empty, or whitespace only); nothing to train "
+                         f"a {kind} tokenizer on")
+
+
 def count_words(
     texts_or_files: TextsOrFiles,
     split: Callable[[str], Iterable[str]],

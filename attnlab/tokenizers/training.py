@@ -20,7 +20,7 @@ from attnlab.tokenizers.bpe import BPEModel
 from attnlab.tokenizers.bpe_trainer import train_bpe
 from attnlab.tokenizers.bytelevel import GPT2_PATTERN, to_byte_chars
 from attnlab.tokenizers.char import CharModel, train_char
-from attnlab.tokenizers.corpus import TextsOrFiles, count_words
+from attnlab.tokenizers.corpus import TextsOrFiles, check_has_text, count_words
 from attnlab.tokenizers.normalizers import Normalizer
 from attnlab.tokenizers.special import ROLES, AddedToken, check_roles, infer_roles
 from attnlab.tokenizers.word import WordModel, train_word
@@ -108,22 +108,27 @@ def train_tokenizer(
                 f"(256 bytes + {len(tokens)} special tokens), got {vocab_size}"
             )
         model = BPEModel({}, [], pattern=pattern, add_prefix_space=add_prefix_space)
-        words = byte_words(count_words(texts_or_files, model.pieces, tokens, show_progress))
+        pieces = count_words(texts_or_files, model.pieces, tokens, show_progress)
+        check_has_text(pieces, texts_or_files, kind)
+        words = byte_words(pieces)
         vocab, merges = train_bpe(words, vocab_size, tokens, min_frequency, show_progress)
         model = BPEModel(vocab, merges, pattern=pattern, add_prefix_space=add_prefix_space)
     elif kind == "wordpiece":
         normalizer = Normalizer.bert(lowercase=lowercase)
         probe = WordPieceModel({roles["unk"]: 0}, unk_token=roles["unk"], normalizer=normalizer)
         counts = count_words(texts_or_files, probe.words, tokens, show_progress)
+        check_has_text(counts, texts_or_files, kind)
         vocab = train_wordpiece(counts, vocab_size, tokens, min_frequency, criterion=criterion,
                                 show_progress=show_progress)
         model = WordPieceModel(vocab, unk_token=roles["unk"], normalizer=normalizer)
     elif kind == "word":
         counts = count_words(texts_or_files, split_words, tokens, show_progress)
+        check_has_text(counts, texts_or_files, kind)
         size = vocab_size if vocab_size is not None else len(tokens) + len(counts)
         model = WordModel(train_word(counts, size, tokens, max(min_frequency, 1)), unk_token=roles["unk"])
     else:
         counts = count_words(texts_or_files, lambda s: s, tokens, show_progress)
+        check_has_text(counts, texts_or_files, kind)
         size = vocab_size if vocab_size is not None else len(tokens) + len(counts)
         model = CharModel(train_char(counts, size, tokens, max(min_frequency, 1)), unk_token=roles["unk"])
     added = [AddedToken(t, model.vocab[t]) for t in tokens]

@@ -133,7 +133,7 @@ class SourceSplit:
             if not self.read_pairs():
                 raise ValueError(f"{self.describe()}: no sentence pairs in it (an empty file, or no row with both "
                                  "a source and a target)")
-        elif not any(True for _ in read_pieces(self.path, text_field=text_field)):
+        elif not any(piece.strip() for piece, _ in read_pieces(self.path, text_field=text_field)):
             raise ValueError(f"{where}: no text in it (an empty file, or blank lines only)")
 
 
@@ -295,23 +295,35 @@ class Pipeline:
                 rows = split.read_pairs() if not all(
                     Path(f"{prefix}-{side}.json").exists() for side in ("src", "tgt")) else []
                 splits[name] = tuple(cls._token_file(Path(f"{prefix}-{side}"), [p[i] for p in rows], tok, None,
-                                                     show_progress) for i, side in enumerate(("src", "tgt")))
+                                                     show_progress, source=f"{split.describe()} ({side})")
+                                     for i, side in enumerate(("src", "tgt")))
             else:
                 whole = split.part == "all" and split.path.is_file()
                 total = split.path.stat().st_size if whole else None
                 splits[name] = cls._token_file(prefix, split.read_pieces(cfg.text_field), tok, eos, show_progress,
-                                               total)
+                                               total, source=split.describe())
         pipeline = cls(cfg, tok, splits["train"], splits["valid"], (train_split.describe(), valid_split.describe()))
         if check:
             pipeline.check_batches()
         return pipeline
 
     @staticmethod
-    def _token_file(prefix: Path, pieces, tok, eos, show_progress: bool, total: int | None = None) -> TokenFile:
+    def _token_file(prefix: Path, pieces, tok, eos, show_progress: bool, total: int | None = None, *,
+                    source: str = "data") -> TokenFile:
+        """The cached token file at `prefix`, or one built from `pieces`; building with a character
+        tokenizer warns (naming `source`) about characters its vocabulary lacks."""
         if prefix.with_suffix(".json").exists():
             return TokenFile(prefix)
-        return TokenFile.build(prefix, pieces, tok.encode, tok.vocab_size, eos_id=eos, total_chars=total,
-                               source=str(prefix.name), show_progress=show_progress)
+        from attnlab.tokenizers.char import UnknownCharacters
+
+        unknown = UnknownCharacters.of(tok)
+        if unknown is not None:
+            pieces = unknown.watch(pieces)
+        tokens = TokenFile.build(prefix, pieces, tok.encode, tok.vocab_size, eos_id=eos, total_chars=total,
+                                 source=str(prefix.name), show_progress=show_progress)
+        if unknown is not None:
+            unknown.warn(source)
+        return tokens
 
     def check_batches(self, train: str | None = None, valid: str | None = None) -> None:
         """Draw one training batch and the first validation batch now: data too short for the

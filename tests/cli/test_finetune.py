@@ -83,6 +83,42 @@ def test_cli_errors_name_the_column_and_label(setup, tmp_path, capsys):
     assert "text_column='text'" in capsys.readouterr().err
 
 
+@pytest.fixture(scope="module")
+def pair_model(setup):
+    """A model fine-tuned (two steps) on text pairs: is `text_pair` the colour word of `text`?"""
+    root, config = setup
+    rows = [(t, t.split()[1] if i % 2 else "moon", "same" if i % 2 else "other") for i, (t, _) in
+            enumerate(colour_rows(24))]
+    write_csv(root / "pairs_train.csv", ["premise", "hypothesis", "label"], rows[:16])
+    write_csv(root / "pairs_valid.csv", ["premise", "hypothesis", "label"], rows[16:])
+    pairs = dict(config, data={"train": str(root / "pairs_train.csv"), "valid": str(root / "pairs_valid.csv"),
+                               "text_column": "premise", "text_pair_column": "hypothesis"},
+                 recipe=dict(config["recipe"], max_steps=2), seeds=[0], probe_steps=0, out_dir=str(root / "pairs"))
+    (root / "pairs.json").write_text(json.dumps(pairs), encoding="utf-8")
+    assert main(["finetune", str(root / "pairs.json")]) == 0
+    return root / "pairs" / "model", rows
+
+
+def test_predict_refuses_a_pair_model_given_one_text_and_a_text_model_given_pairs(setup, pair_model, tmp_path,
+                                                                                   capsys):
+    model, rows = pair_model
+    write_csv(tmp_path / "in.csv", ["premise", "hypothesis"], [r[:2] for r in rows[:4]])
+    predict = ["predict", "--input", str(tmp_path / "in.csv"), "--text-column", "premise"]
+    assert main([*predict[:1], str(model), *predict[1:], "--output", str(tmp_path / "one.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"attnlab predict: error: {model} was fine-tuned on text pairs (columns 'premise' and "
+                          "'hypothesis')") and "--text-pair-column hypothesis" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "one.jsonl").exists()
+    assert main([*predict[:1], str(model), *predict[1:], "--text-pair-column", "hypothesis",
+                 "--output", str(tmp_path / "two.jsonl")]) == 0
+    assert [json.loads(line)["hypothesis"] for line in (tmp_path / "two.jsonl").read_text().splitlines()] == \
+        [r[1] for r in rows[:4]]
+    single = setup[0] / "out" / "model"  # fine-tuned on the `sentence` column alone
+    assert main([*predict[:1], str(single), *predict[1:], "--text-pair-column", "hypothesis",
+                 "--output", str(tmp_path / "three.jsonl")]) == 2
+    assert "was fine-tuned on single texts (column 'sentence')" in capsys.readouterr().err
+
+
 def test_intermediate_task_transfer_from_a_finetuned_folder(setup, tmp_path):
     root, config = setup
     rows = [(t, "yes" if "red" in t else "no") for t, _ in colour_rows(40, seed=5)]

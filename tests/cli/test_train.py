@@ -52,6 +52,22 @@ def test_bad_config_is_a_one_line_error_naming_the_field(tmp_path, capsys, overr
     assert message in err and err.startswith("attnlab train: error:")
 
 
+@pytest.mark.parametrize("override, path", [(["--optim.lr", "NaN"], "optim.lr"),
+                                            (["--optim.grad_clip", "Infinity"], "optim.grad_clip"),
+                                            (["--model.dropout", "NaN"], "model.dropout"),
+                                            (["--data.mask_prob", "-Infinity"], "data.mask_prob"),
+                                            (["--optim.betas", "[0.9, NaN]"], "optim.betas[1]")])
+def test_nan_or_infinity_is_refused_by_name_before_any_data_is_read(tmp_path, capsys, isolated_cache, override, path):
+    """Refused where the config is read: nothing tokenised or cached, no run folder, one error line."""
+    config = _config_file(tmp_path)
+    assert main(["train", str(config), *override]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"attnlab train: error: {path}: expected a finite number, got ")
+    assert "tokenise" not in captured.out + captured.err
+    assert not isolated_cache.exists() and not (tmp_path / "run").exists()
+
+
 def test_train_then_eval_then_resume_past_the_end(tmp_path, capsys):
     cfg = _config_file(tmp_path, max_steps=6, eval_every=3)
     assert main(["train", str(cfg)]) == 0

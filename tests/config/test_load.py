@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 import typing
 
 import pytest
@@ -9,7 +10,8 @@ import pytest
 import attnlab.config.model as model_configs
 import attnlab.training.config as train_configs
 from attnlab import presets
-from attnlab.config import ConfigError, ConfigTypeError, ModelConfig, apply_overrides, from_dict, load_config, to_dict
+from attnlab.config import (ConfigError, ConfigTypeError, ModelConfig, apply_overrides, from_dict, load_config,
+                            load_config_file, to_dict)
 from attnlab.training.config import TrainConfig
 
 MODULES = [model_configs, train_configs]
@@ -119,3 +121,91 @@ def test_load_config_reads_a_file_and_applies_overrides(tmp_path):
         apply_overrides({"optim": {"lr": 0.01}}, ["optim.lr.x=1"])
     with pytest.raises(ValueError, match="KEY=VALUE"):
         apply_overrides({}, ["optim.lr"])
+
+
+# ---------------------------------------------------------------- NaN and infinity
+
+def _run_classes():
+    """Every top-level config a user writes, with the least data it needs (fine-tuning's job has
+    required fields; a ViT's is its own file)."""
+    from attnlab.finetune.job import FinetuneJobConfig
+    from attnlab.models.vision import VisionConfig
+
+    job = {"model": "m", "data": {"train": "t.csv", "valid": "v.csv"}, "out_dir": "o"}
+    return [(TrainConfig, {}), (ModelConfig, {}), (FinetuneJobConfig, job), (VisionConfig, {})]
+
+
+def _takes_float(tp):
+    return tp is float or any(_takes_float(a) for a in typing.get_args(tp))
+
+
+def _float_paths(cls, prefix=""):
+    """(dotted path, place) of every field of `cls` (and of its sub-configs, optional ones too)
+    whose annotation takes a number: `place(x)` is the value x as that field holds it (a list for
+    `betas` and `labels`, whose error names the item, `[0]`)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        path = f"{prefix}.{f.name}" if prefix else f.name
+        options = [a for a in (typing.get_args(hints[f.name]) or (hints[f.name],)) if a is not type(None)]
+        if typing.get_origin(hints[f.name]) in (tuple, list):
+            options = [hints[f.name]]
+        nested = [a for a in options if dataclasses.is_dataclass(a)]
+        sequences = [a for a in options if typing.get_origin(a) in (tuple, list) and _takes_float(a)]
+        if nested:
+            yield from _float_paths(nested[0], path)
+        elif sequences:
+            args = typing.get_args(sequences[0])
+            size = len(args) if typing.get_origin(sequences[0]) is tuple and ... not in args else 1
+            yield f"{path}[0]", lambda x, size=size: [x] * size
+        elif float in options:
+            yield path, lambda x: x
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("cls, base", _run_classes(), ids=lambda c: getattr(c, "__name__", ""))
+def test_every_number_field_refuses_nan_and_infinity_by_name(cls, base, bad):
+    paths = list(_float_paths(cls))
+    assert len(paths) >= 4, paths  # the walk found the fields (a class without numbers would say nothing)
+    for path, place in paths:
+        data = apply_overrides(base, [(path.removesuffix("[0]"), place(bad))])
+        with pytest.raises(ConfigError) as err:
+            from_dict(cls, data)
+        assert str(err.value) == f"{path}: expected a finite number, got {bad!r}", str(err.value)
+
+
+@pytest.mark.parametrize("name, text, overrides, path", [
+    ("run.yaml", "optim:\n  lr: .nan\n", [], "optim.lr"),
+    ("run.yaml", "optim:\n  grad_clip: .inf\n", [], "optim.grad_clip"),
+    ("run.yaml", "data:\n  mask_prob: -.inf\n", [], "data.mask_prob"),
+    ("run.json", '{"optim": {"weight_decay": NaN}}', [], "optim.weight_decay"),
+    ("run.json", '{"optim": {"betas": [Infinity, 0.9]}}', [], "optim.betas[0]"),
+    ("run.json", '{"model": {"preset": "tiny-decoder", "dropout": 1e999}}', [], "model.dropout"),
+    ("run.yaml", "optim:\n  lr: 0.01\n", ["optim.lr=NaN"], "optim.lr"),
+    ("run.json", "{}", ["model.attention.dropout=-Infinity"], "model.attention.dropout"),
+])
+def test_nan_and_infinity_are_refused_from_yaml_json_and_overrides(tmp_path, name, text, overrides, path):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ConfigError, match=rf"^{re.escape(path)}: expected a finite number, got (nan|-?inf)$"):
+        load_config(TrainConfig, tmp_path / name, overrides)
+
+
+@pytest.mark.parametrize("name, text, key, line, first", [
+    ("run.yaml", "optim:\n  lr: 0.01\n  eps: 1.0e-8\n  lr: 0.02\n", "lr", 4, 2),
+    ("run.yml", "train:\n  max_steps: 2\ntrain:\n  max_steps: 3\n", "train", 3, 1),
+    ("run.json", '{"optim": {"lr": 0.01,\n  "betas": [0.9, 0.99],\n  "nested": {"lr": 1},\n  "lr": 0.02}}', "lr", 4, 1),
+    ("run.json", '{\n  "data": {"source": "a.txt"},\n  "model": {},\n  "data": {"source": "b.txt"}\n}', "data", 4, 2),
+])
+def test_a_key_given_twice_is_refused_with_the_file_and_line(tmp_path, name, text, key, line, first):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError) as err:
+        load_config_file(tmp_path / name)
+    assert str(err.value).startswith(f"{tmp_path / name}, line {line}: key {key!r} is given twice in the same "
+                                     f"mapping (first at line {first})"), str(err.value)
+
+
+def test_the_same_key_in_different_mappings_and_yaml_merge_keys_are_fine(tmp_path):
+    (tmp_path / "a.yaml").write_text("base: &b\n  lr: 1\n  eps: 2\noptim:\n  <<: *b\n  lr: 3\ntrain:\n  lr: 4\n")
+    assert load_config_file(tmp_path / "a.yaml") == {"base": {"lr": 1, "eps": 2}, "optim": {"lr": 3, "eps": 2},
+                                                   "train": {"lr": 4}}
+    (tmp_path / "a.json").write_text('{"optim": {"lr": 1, "x": {"lr": 2}}, "lr": [{"lr": 3}, {"lr": 4}]}')
+    assert load_config_file(tmp_path / "a.json") == {"optim": {"lr": 1, "x": {"lr": 2}}, "lr": [{"lr": 3}, {"lr": 4}]}

@@ -17,6 +17,8 @@ from attnlab.config.validate import (ConfigError, ConfigTypeError, check_types, 
     (lambda: probability("dropout", 1.0), "dropout: expected a probability in [0, 1), got 1.0"),
     (lambda: in_range("data.mask_prob", 0, 0, 1, low_open=True, high_open=True),
      "data.mask_prob: expected a number in (0, 1), got 0"),
+    (lambda: in_range("data.mask_prob", float("nan"), 0, 1), "data.mask_prob: expected a finite number, got nan"),
+    (lambda: positive("optim.lr", float("inf")), "optim.lr: expected a finite number, got inf"),
     (lambda: int_list("attention.global_positions", [0, -1], low=0),
      "attention.global_positions: expected a list of integers >= 0, got [0, -1]"),
 ])
@@ -87,3 +89,30 @@ def test_check_types_follows_the_annotations():
         assert str(err.value) == message
     with pytest.raises(ConfigError, match=r"^outer\.inner\.j: unknown inner field; allowed: k$"):
         Outer(inner={"j": 1})
+
+
+def test_a_number_field_refuses_nan_infinity_and_ints_beyond_a_float():
+    """Not a type error: a `float | None` field names the problem instead of 'expected a number or
+    null', and an item of a tuple is named by its index."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class Opt:
+        rate: float = 0.5
+        clip: float | None = None
+        pair: tuple[float, float] = (0.0, 1.0)
+
+        def __post_init__(self):
+            check_types(self, "opt")
+
+    for kwargs, message in [
+        (dict(rate=float("nan")), "opt.rate: expected a finite number, got nan"),
+        (dict(rate=float("-inf")), "opt.rate: expected a finite number, got -inf"),
+        (dict(rate=10 ** 400), f"opt.rate: expected a finite number, got {10 ** 400}"),
+        (dict(clip=float("inf")), "opt.clip: expected a finite number, got inf"),
+        (dict(pair=[0.5, float("nan")]), "opt.pair[1]: expected a finite number, got nan"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            Opt(**kwargs)
+        assert str(err.value) == message and not isinstance(err.value, TypeError)
+    assert Opt(rate=10 ** 300, clip=-1e308).rate == 1e300

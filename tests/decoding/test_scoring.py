@@ -21,10 +21,10 @@ def tok():
     return Tokenizer.train(TEXTS + ["hello world"], kind="char", special_tokens=["<pad>", "<unk>", "<s>", "</s>"])
 
 
-def _model(arch, vocab):
+def _model(arch, vocab, **config):
     torch.manual_seed(0)
     cfg = ModelConfig(arch=arch, vocab_size=vocab, d_model=32, num_layers=2, num_heads=4, d_ff=64, dropout=0.0,
-                      position={"scheme": "learned", "max_len": 64}, init_std=0.3)
+                      position={"scheme": "learned", "max_len": 64}, init_std=0.3, **config)
     return build_model(cfg).eval()
 
 
@@ -67,6 +67,37 @@ def test_bad_inputs_are_refused(tok):
         score_texts(model, tok, [])
     with pytest.raises(ValueError, match="decoder-only"):
         score_texts(model, tok, ["the"], sources=["x"])
+
+
+@pytest.mark.parametrize("arch, config, what", [
+    ("encoder", {"head": "mlm"}, "arch='encoder', head='mlm'"),
+    ("encoder", {}, "arch='encoder', head='none'"),
+    ("encoder", {"head": "classification", "num_labels": 2}, "arch='encoder', head='classification'"),
+    ("decoder", {"head": "classification", "num_labels": 2}, "arch='decoder', head='classification'"),
+])
+def test_a_model_that_does_not_predict_the_next_token_is_refused(tok, arch, config, what):
+    """A masked-LM's logits at a position see the token there: scored as next-token
+    probabilities they give a perplexity that looks fine and means nothing."""
+    with pytest.raises(ValueError) as err:
+        score_texts(_model(arch, tok.vocab_size, **config), tok, TEXTS[:2])
+    assert str(err.value).startswith("score needs a causal language model") and what in str(err.value)
+    assert ("attnlab fill-mask" in str(err.value)) == (config.get("head") == "mlm")
+
+
+def test_a_recurrent_encoder_decoder_is_scored(tok):
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(arch="rnn_encoder_decoder", vocab_size=tok.vocab_size, d_model=16,
+                                    rnn={"cell": "gru", "hidden_size": 16}))
+    assert all(s.tokens > 0 for s in score_texts(model, tok, TEXTS[:2], sources=["hello world"] * 2))
+
+
+def test_the_command_refuses_a_masked_lm_in_one_line(tmp_path, tok, capsys):
+    save(_model("encoder", tok.vocab_size, head="mlm"), tmp_path / "mlm", tokenizer=tok)
+    assert main(["score", str(tmp_path / "mlm"), "turn off the lights"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and len(captured.err.splitlines()) == 1
+    assert captured.err.startswith("attnlab score: error: score needs a causal language model") and \
+        "attnlab fill-mask" in captured.err
 
 
 def test_the_command_prints_each_score_most_likely_first(tmp_path, tok, capsys):

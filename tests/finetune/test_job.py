@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,23 @@ def test_a_fresh_job_refuses_an_out_dir_with_checkpoints(tmp_path):
     assert summary["labels"] == ["blue", "green", "red"]
 
 
+def test_characters_a_char_tokenizer_lacks_are_warned_once_per_data_file(tmp_path):
+    tok = Tokenizer.train([WORDS] * 3, kind="char")
+    attnlab.save(tiny("encoder", num_layers=1, vocab_size=tok.vocab_size), tmp_path / "base", tokenizer=tok)
+    rows = colour_rows(12)
+    write_csv(tmp_path / "t.csv", ["text", "label"], rows)
+    write_csv(tmp_path / "v.csv", ["text", "label"], [(f"{t} café", y) for t, y in rows[:4]] + rows[4:])
+    data = {"train": str(tmp_path / "t.csv"), "valid": str(tmp_path / "v.csv")}
+    config = {"model": str(tmp_path / "base"), "data": data,
+              "recipe": {"max_steps": 1, "batch_size": 4}, "out_dir": str(tmp_path / "out")}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_finetune(config, log=lambda _: None, show_progress=False)
+    said = [str(w.message) for w in caught if "character vocabulary" in str(w.message)]
+    assert said == [f"{tmp_path / 'v.csv'}: 4 character(s) are not in the character vocabulary and are encoded as "
+                    "'<unk>' (1 distinct, most frequent: 'é'); train the tokenizer on text that holds them"]
+
+
 def _config(**changes):
     return {"model": "minilm", "data": {"train": "t.csv", "valid": "v.csv"}, "out_dir": "out", **changes}
 
@@ -105,6 +123,12 @@ def _config(**changes):
     ({"data": {"train": "t.csv", "valid": "v.csv", "labels": ["a", "a"]}}, "data.labels: expected distinct labels"),
     ({"seedz": [1]}, "seedz: unknown FinetuneJobConfig field; allowed: "),
     ({"recipe": {"precision": "fp8"}}, "recipe.precision: 'fp8' is not one of auto, fp32, bf16, fp16"),
+    ({"recipe": {"weight_decay": -0.1}}, "recipe.weight_decay: expected a number >= 0, got -0.1"),
+    ({"recipe": {"eps": 0}}, "recipe.eps: expected a number > 0, got 0.0"),
+    ({"recipe": {"betas": [0.9, 1.5]}}, "recipe.betas[1]: expected a number in [0, 1), got 1.5"),
+    ({"recipe": {"grad_clip": -1}}, "recipe.grad_clip: expected a number >= 0 or null, got -1.0"),
+    ({"recipe": {"min_lr_ratio": 2}}, "recipe.min_lr_ratio: expected a number in [0, 1], got 2.0"),
+    ({"recipe": {"lr": float("nan")}}, "recipe.lr: expected a finite number, got nan"),
     ({"head": "mlm"}, "head: 'mlm' is not one of classification, regression, token_classification"),
     ({"seeds": [0, 0]}, "seeds: expected a non-empty list of distinct integers"),
     ({"seeds": [0, 1], "keep": 3}, "keep: expected an integer in [1, 2]"),

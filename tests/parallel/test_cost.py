@@ -41,3 +41,11 @@ def test_cost_command_prints_json_and_refusal_note(capsys):
     assert main(["parallel", "cost", "tiny-encoder-decoder", "--tp", "2"]) == 0
     assert "decoder cross-attention" in capsys.readouterr().out
     assert main(["parallel", "cost", "tiny-decoder", "--tp", "0"]) == 2
+
+
+@pytest.mark.parametrize("arch", ["encoder_decoder", "decoder"])
+@pytest.mark.parametrize("tgt_len", [0, -4])
+def test_a_target_length_below_one_is_refused(arch, tgt_len):
+    """-4 gave negative MiB for an encoder-decoder's decoder; 0 silently meant seq_len."""
+    with pytest.raises(ValueError, match=rf"^tgt_len must be a positive integer, got {tgt_len}$"):
+        communication_cost(tiny_config(arch), tp=2, dp=1, seq_len=8, batch=2, tgt_len=tgt_len)

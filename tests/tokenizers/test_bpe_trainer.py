@@ -72,6 +72,10 @@ def test_same_merges_and_vocab_as_hf(corpus, vocab_size, min_frequency, specials
        extra=st.integers(0, 40), min_frequency=st.integers(0, 3))
 def test_same_merges_as_hf_on_tie_heavy_corpora(lines, extra, min_frequency):
     vocab_size = 257 + extra
+    if not "".join(lines).strip():  # HF saves a tokenizer of nothing; ours names the empty corpus instead
+        with pytest.raises(ValueError, match="no text"):
+            Tokenizer.train(lines, kind="bpe", vocab_size=vocab_size, min_frequency=min_frequency)
+        return
     theirs = hf_train(lines, vocab_size, min_frequency, ["<|endoftext|>"])
     ours = Tokenizer.train(lines, kind="bpe", vocab_size=vocab_size, min_frequency=min_frequency)
     assert ours.model.merges == hf_merges(theirs)

@@ -60,3 +60,25 @@ def test_special_tokens_stay_whole(tok):
     tok2 = Tokenizer.train(CORPUS, kind="char", special_tokens=["<pad>", "<unk>", "<eos>"])
     assert tok2.encode("hz<eos>") == [tok2.token_to_id("h"), tok2.unk_token_id, tok2.eos_token_id]
     assert tok2.decode(tok2.encode("he<eos>")) == "he<eos>"
+
+
+def test_unknown_characters_are_counted_and_warned_once_per_data_set(tok):
+    import warnings
+
+    from attnlab.tokenizers.char import UnknownCharacters
+
+    unknown = UnknownCharacters.of(tok)
+    texts = ["hello wörld", "ñ and ñ 😀", "hello"]
+    assert list(unknown.watch(t for t in texts)) == texts  # passed through unchanged
+    assert list(unknown.watch([("ö", True)])) == [("ö", True)]
+    unk = {c: sum(t.count(c) for t in texts + ["ö"]) for c in set("".join(texts))
+           if tok.encode(c) == [tok.unk_token_id]}
+    assert unknown.counts == unk == {"ö": 2, "ñ": 2, "😀": 1}  # as many as the tokenizer turns into <unk>
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        unknown.warn("data.valid 'v.txt'")
+        UnknownCharacters.of(tok).warn("clean")  # nothing unknown: nothing said
+    assert [str(w.message) for w in caught] == [
+        "data.valid 'v.txt': 5 character(s) are not in the character vocabulary and are encoded as '<unk>' "
+        "(3 distinct, most frequent: 'ñ', 'ö', '😀'); train the tokenizer on text that holds them"]
+    assert UnknownCharacters.of(Tokenizer.train(CORPUS, kind="word")) is None  # an unknown word is no surprise

@@ -95,6 +95,17 @@ def test_errors_exit_with_code_2(run, tmp_path, corpus):
     assert code == 2 and "'x' is not an integer" in err
 
 
+def test_training_on_files_without_text_is_refused_and_saves_nothing(run, tmp_path):
+    (tmp_path / "empty.txt").write_text("", encoding="utf-8")
+    (tmp_path / "blank.txt").write_text("\n \n", encoding="utf-8")
+    code, _, err = run("train", str(tmp_path / "empty.txt"), str(tmp_path / "blank.txt"), "--kind", "char",
+                       "-o", str(tmp_path / "tok"))
+    assert code == 2 and err.strip().splitlines()[-1] == (
+        f"attnlab tokenizer: error: {str(tmp_path / 'empty.txt')!r}, {str(tmp_path / 'blank.txt')!r}: no text "
+        "(empty, or whitespace only); nothing to train a char tokenizer on")
+    assert not (tmp_path / "tok").exists()
+
+
 @pytest.mark.parametrize("sub", ["train", "encode", "decode", "info"])
 def test_help_has_an_example(run, sub):
     with pytest.raises(SystemExit) as exit_info:

@@ -11,6 +11,7 @@ import pytest
 
 from attnlab.tokenizers import Tokenizer, corpus
 from attnlab.tokenizers.corpus import count_words, iter_sequences
+from attnlab.tokenizers.training import DEFAULT_SPECIAL_TOKENS
 from tokenizer_samples import training_corpus
 
 
@@ -79,3 +80,20 @@ def test_counting_memory_does_not_grow_with_the_corpus(tmp_path: Path, monkeypat
     small_peak, large_peak = _peak_counting_memory(small), _peak_counting_memory(large)
     assert large_peak < 1.2 * small_peak + (64 << 10)
     assert large_peak < large.stat().st_size / 4
+
+
+@pytest.mark.parametrize("kind", ["bpe", "wordpiece", "char", "word"])
+@pytest.mark.parametrize("content", ["", "\n\n  \n\t\n"], ids=["empty", "blank"])
+def test_a_corpus_without_text_is_refused_naming_it(tmp_path: Path, kind, content):
+    special = DEFAULT_SPECIAL_TOKENS[kind][-1]
+    (tmp_path / "a.txt").write_text(content, encoding="utf-8")
+    (tmp_path / "b.txt").write_text("", encoding="utf-8")
+    for given, named in [(str(tmp_path / "a.txt"), repr(str(tmp_path / "a.txt"))),
+                         ([tmp_path / "a.txt", tmp_path / "b.txt"], f"{str(tmp_path / 'a.txt')!r}, "
+                                                                     f"{str(tmp_path / 'b.txt')!r}"),
+                         ([content, " "], "texts_or_files (the texts given)"),
+                         ((t for t in [content, special]), "texts_or_files (the texts given)")]:  # specials are no text
+        with pytest.raises(ValueError) as err:
+            Tokenizer.train(given, kind=kind)
+        assert str(err.value) == f"{named}: no text (empty, or whitespace only); nothing to train a {kind} tokenizer on"
+    assert Tokenizer.train(["\n x \n"], kind=kind).vocab_size > 0  # one character of text is enough
