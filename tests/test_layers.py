@@ -1,4 +1,4 @@
-"""No module imports a layer above its own (docs/architecture.md: dependencies flow one way).
+"""No module imports a layer above its own (docs/concepts/architecture.md: dependencies flow one way).
 
 Every module under attnlab/ is parsed with `ast`; each `attnlab.*` import it makes — at module
 level or inside a function, absolute or relative — is checked against the table below.

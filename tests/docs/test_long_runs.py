@@ -1,4 +1,4 @@
-"""docs/long-runs.md's SLURM script, run as written: the batch script gets SLURM's SIGUSR1
+"""docs/how-to/long-runs.md's SLURM script, run as written: the batch script gets SLURM's SIGUSR1
 warning, passes it on, attnlab checkpoints and exits 138, and the script requeues the job
 (`scontrol` is a stub that records its arguments); run again, the script resumes the run."""
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("isolated_cache")
 
 
 def _slurm_script() -> str:
-    text = (ROOT / "docs" / "long-runs.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "how-to" / "long-runs.md").read_text(encoding="utf-8")
     section = text.split("## SLURM", 1)[1]
     return re.search(r"```bash\n(.*?)```", section, re.S).group(1)
 
