@@ -276,3 +276,13 @@ def test_the_check_reads_numbers_as_written():
                                                                                            "3.4"}
     assert _tables_on_page("<!-- table: x -->\n| a | b |\n|---|---|\n| **1** | 2 |\n") == {"x": [["a", "b"],
                                                                                                    ["1", "2"]]}
+
+
+def test_readme_studies_table_quotes_the_page():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Studies", 1)[1].split("\n## ", 1)[0]
+    on_page = set().union(*(_numbers(cell) for table in _tables_on_page(_page()).values() for row in table
+                            for cell in row))
+    stray = _numbers(_prose(section) + "\n" + "\n".join(
+        line for line in section.splitlines() if line.startswith("|"))) - on_page - set().union(*SETTINGS.values())
+    assert not stray, f"README.md's studies numbers not on the studies page: {sorted(stray)}"
