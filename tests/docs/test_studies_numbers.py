@@ -202,8 +202,8 @@ def vit_digits() -> list[list[str]]:
 
 
 TABLES = {f.__name__: f for f in (rnn_vs_transformer, rnn_vs_transformer_batches, translation, positions,
-                                  attention_cost, attention_cost_quick, pretraining_pays, pretraining_curves, pretraining_budget,
-                                  summarisation, vit_digits)}
+                                  attention_cost, attention_cost_quick, pretraining_pays, pretraining_curves,
+                                  pretraining_budget, summarisation, vit_digits)}
 
 # Numbers a study's prose may use that are its settings, not its measurements (marks, budgets,
 # lengths, model sizes, papers' years), by the heading of its section on the page.
