@@ -9,8 +9,6 @@ other. Registered under `hooks:` in mkdocs.yml.
 
 from pathlib import Path
 
-from mkdocs.structure.files import File
-
 ROOT = Path(__file__).resolve().parents[2]
 # where the studies live -> where their plots appear on the site
 SOURCES = {ROOT / "examples" / "studies": "studies/files",
@@ -25,6 +23,8 @@ def study_plots():
 
 
 def on_files(files, config):
+    from mkdocs.structure.files import File  # here, so that the tests import study_plots without MkDocs
+
     for src_uri, png in study_plots():
         files.append(File.generated(config, src_uri, abs_src_path=str(png)))
     return files
