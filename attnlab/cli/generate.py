@@ -193,8 +193,8 @@ def add_decoding_flags(parser: argparse.ArgumentParser, *, max_new: int, beams: 
                         help="store the model's Linear weights in this precision while decoding (weight-only; "
                              "int8 has one scale per output channel): fewer bytes read per token, slightly less "
                              "accurate; how much faster depends on the CPU's kernels and cache (int8 usually "
-                             "pays; bf16 can be slower on a small model): see the README, 'Reduced-precision "
-                             "weights'; default fp32, exact")
+                             "pays; bf16 can be slower on a small model): see docs/concepts/decoding.md, "
+                             "'Reduced-precision weights'; default fp32, exact")
 
 
 def decoding_weights(model: torch.nn.Module, weights: str) -> torch.nn.Module:
