@@ -110,6 +110,8 @@ def test_offline_a_name_is_its_cached_snapshot_by_branch_tag_or_commit(hub_env, 
     hf, saved = gpt2_repo
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(huggingface_hub, "snapshot_download", _offline_only(huggingface_hub.snapshot_download))
+    # as if huggingface_hub had been imported under another environment: the cache is read from it now
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub_env.parent / "not-this-one"))
     snapshot = cache_folder(hub_env, REPO, saved, revisions=("main", "v1"))
     for name in (f"hf:{REPO}", f"hf:{REPO}@v1", f"hf:{REPO}@{snapshot.name}"):
         assert hub_folder(name) == snapshot
