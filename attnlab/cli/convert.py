@@ -129,7 +129,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         epilog="examples: attnlab convert runs/char-gpt hf-char/   (a run's best checkpoint -> Hugging Face)\n"
                "          attnlab convert hf-gpt2/ gpt2-attnlab/   (then: attnlab convert gpt2-attnlab/ back/ --to hf)\n"
                "          attnlab convert hf:gpt2 gpt2-attnlab/    (a Hub model, through huggingface_hub's cache;\n"
-               "                                                   HF_HUB_OFFLINE=1: from the cache alone)",
+               "                                                   with HF_HUB_OFFLINE=1 from the cache alone)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("src", metavar="SRC",
                         help="a Hugging Face or attnlab model folder, an `attnlab train` run folder, a checkpoint "

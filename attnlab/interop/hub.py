@@ -130,8 +130,9 @@ def hub_folder(name: str, *, config_only: bool = False) -> Path:
         pickled = [f for f in PICKLED if (folder / f).is_file()]
         found = f" (the cached snapshot holds {', '.join(pickled)})" if pickled else ""
         where = "" if offline() else " on the Hub"
-        raise HubError(f"{name}: no {SAFETENSORS}{where}{found}; attnlab loads Hub weights from safetensors files only, "
-                       "never from pickles (pytorch_model.bin): pick a repository or revision with safetensors weights")
+        raise HubError(f"{name}: no {SAFETENSORS}{where}{found}; attnlab loads Hub weights from safetensors files "
+                       "only, never from pickles (pytorch_model.bin): pick a repository or revision with safetensors "
+                       "weights")
     return folder
 
 

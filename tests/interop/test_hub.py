@@ -75,8 +75,10 @@ def test_cache_folder_and_offline_follow_huggingface_hub(monkeypatch, env):
     names = ("HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE",
              "TRANSFORMERS_OFFLINE")
     clean = {k: v for k, v in os.environ.items() if k not in names}
-    script = "import json; from huggingface_hub import constants as c; print(json.dumps([c.HF_HUB_CACHE, c.HF_HUB_OFFLINE]))"
-    out = subprocess.run([sys.executable, "-c", script], env={**clean, **env}, capture_output=True, text=True, check=True)
+    script = ("import json; from huggingface_hub import constants as c; "
+              "print(json.dumps([c.HF_HUB_CACHE, c.HF_HUB_OFFLINE]))")
+    out = subprocess.run([sys.executable, "-c", script], env={**clean, **env}, capture_output=True, text=True,
+                         check=True)
     for name in names:
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
