@@ -7,6 +7,9 @@ SRC is one of:
     an `attnlab train` run    config.json (with `model`) + checkpoints/: its best checkpoint
     a checkpoint              checkpoints/step-N/ of a run (or the checkpoints/ folder: its best),
                               read with its run's config.json and tokenizer.json
+    hf:NAME[@REVISION]        a Hugging Face Hub model: its snapshot in huggingface_hub's cache,
+                              downloaded there when online, the cache alone with HF_HUB_OFFLINE=1
+                              (safetensors weights only; attnlab.interop.hub)
 
 Without --to, the output is the other kind (a run or checkpoint becomes a Hugging Face folder).
 A tokenizer beside the weights (tokenizer.json, BERT's vocab.txt, a run's tokenizer.json) is
@@ -88,11 +91,15 @@ def _run(args: argparse.Namespace) -> int:
     from attnlab.interop import from_hf, save_hf
     from attnlab.interop.serialization import load, save
 
-    src, dst = Path(args.src), Path(args.dst)
+    from attnlab.interop.hub import is_hub_name, resolve_model_path
+
+    src, dst = resolve_model_path(args.src), Path(args.dst)  # an hf:NAME: its snapshot folder in the cache
     kind = source_kind(src)
     if src.resolve() == dst.resolve():
         raise ValueError("DST must differ from SRC")
     tokenizer_folder, origin = src, f"{kind} {src}"
+    if is_hub_name(args.src):
+        origin = f"{args.src} (commit {src.name})"
     if kind == "run":
         model, checkpoint, tokenizer_folder = read_run(src)
         origin = f"run {tokenizer_folder} (checkpoint {checkpoint.name})"
@@ -120,11 +127,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "Marian, T5); an `attnlab train` run folder (its best checkpoint) or one checkpoint folder\n"
                     "converts too. Weights are read without unpickling objects and written atomically.",
         epilog="examples: attnlab convert runs/char-gpt hf-char/   (a run's best checkpoint -> Hugging Face)\n"
-               "          attnlab convert hf-gpt2/ gpt2-attnlab/   (then: attnlab convert gpt2-attnlab/ back/ --to hf)",
+               "          attnlab convert hf-gpt2/ gpt2-attnlab/   (then: attnlab convert gpt2-attnlab/ back/ --to hf)\n"
+               "          attnlab convert hf:gpt2 gpt2-attnlab/    (a Hub model, through huggingface_hub's cache;\n"
+               "                                                   with HF_HUB_OFFLINE=1 from the cache alone)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("src", metavar="SRC",
-                        help="a Hugging Face or attnlab model folder, an `attnlab train` run folder, or a checkpoint "
-                             "folder (RUN/checkpoints/step-N)")
+                        help="a Hugging Face or attnlab model folder, an `attnlab train` run folder, a checkpoint "
+                             "folder (RUN/checkpoints/step-N), or a Hugging Face Hub model hf:NAME[@REVISION]")
     parser.add_argument("dst", metavar="DST", help="the folder to write (replaced if it is a model folder)")
     parser.add_argument("--to", choices=("hf", "attnlab"), default=None,
                         help="output format (default: the other one; hf for a run or checkpoint)")

@@ -31,12 +31,13 @@ before any process starts; checkpoints hold the whole model, so a run resumes on
 `attnlab train --resume OUT --parallel.tp 1 --parallel.pp 1` continues it in one process.
 
 Start from pretrained weights with `model.init_from`: an `attnlab.save` folder, an `attnlab
-train` run folder or a Hugging Face folder (GPT-2, BERT, BART, Marian, T5) — continued pretraining
-on your text, or a GPT-2/BART/T5/Marian fine-tuned on your text or sentence pairs. The run then
-uses the folder's tokenizer (the data's tokenizer section is not trained);
-`model.add_special_tokens: ["[START]", "[DELIM]"]` adds tokens, growing the embeddings and the
-tied head (new rows: the mean of the old ones). Example: `--model.init_from hf/gpt2
---data.source my.txt --data.valid my-valid.txt`.
+train` run folder, a Hugging Face folder (GPT-2, BERT, BART, Marian, T5) or a Hub model by name
+(`hf:gpt2`, `hf:ORG/NAME@REVISION`: through huggingface_hub's cache; offline with
+HF_HUB_OFFLINE=1) — continued pretraining on your text, or a GPT-2/BART/T5/Marian fine-tuned on
+your text or sentence pairs. The run then uses the model's tokenizer (the data's tokenizer section
+is not trained); `model.add_special_tokens: ["[START]", "[DELIM]"]` adds tokens, growing the
+embeddings and the tied head (new rows: the mean of the old ones). Example: `--model.init_from
+hf:gpt2 --data.source my.txt --data.valid my-valid.txt`.
 """
 
 from __future__ import annotations

@@ -115,7 +115,7 @@ def load_masked_lm(path: str | os.PathLike, tokenizer: Any = None) -> tuple[nn.M
     folder, or a Hugging Face BERT folder (its tokenizer.json, else its vocab.txt).
 
     Args:
-        path: the folder.
+        path: the folder, or a Hugging Face Hub model `hf:NAME[@REVISION]`.
         tokenizer: a Tokenizer, or a file or folder `Tokenizer.load` reads, used instead of the
             folder's.
 
@@ -123,6 +123,7 @@ def load_masked_lm(path: str | os.PathLike, tokenizer: Any = None) -> tuple[nn.M
         FileNotFoundError: no such folder, or no tokenizer in it (and none given).
         TypeError, ValueError: as `check_mlm` for a model without an MLM head; as `attnlab.load`.
     """
+    from attnlab.interop.hub import resolve_model_path
     from attnlab.interop.serialization import load
     from attnlab.tokenizers import Tokenizer
 
@@ -131,7 +132,7 @@ def load_masked_lm(path: str | os.PathLike, tokenizer: Any = None) -> tuple[nn.M
     if isinstance(tokenizer, (str, os.PathLike)):
         tokenizer = Tokenizer.load(tokenizer)
     if tokenizer is None:
-        tokenizer = found if found is not None else _vocab_txt(Path(path))
+        tokenizer = found if found is not None else _vocab_txt(resolve_model_path(path))
     return model, tokenizer
 
 

@@ -2,6 +2,7 @@
 
     model = attnlab.from_hf(hf_model)              # a transformers model object
     model = attnlab.from_hf("path/to/folder")      # config.json + model.safetensors (or .bin)
+    model = attnlab.from_hf("hf:gpt2")             # a Hub model, through huggingface_hub's cache
     hf_model = attnlab.to_hf(model)                # needs `transformers`
     attnlab.interop.save_hf(model, "out/")         # a Hugging Face folder, no transformers needed
 
@@ -85,8 +86,9 @@ def from_hf(model_or_path: Any) -> nn.Module:
     Args:
         model_or_path: a `transformers` model (GPT2LMHeadModel, GPT2Model, BertModel,
             BertForMaskedLM, BertForSequenceClassification, BartForConditionalGeneration,
-            MarianMTModel, T5ForConditionalGeneration), or a folder with `config.json` and
-            `model.safetensors` (or `pytorch_model.bin`, read without unpickling objects).
+            MarianMTModel, T5ForConditionalGeneration), a folder with `config.json` and
+            `model.safetensors` (or `pytorch_model.bin`, read without unpickling objects), or a
+            Hugging Face Hub model `hf:NAME[@REVISION]` (`attnlab.interop.hub`: safetensors only).
 
     Returns:
         the attnlab model (`model.config` is its ModelConfig); outputs match the original.
@@ -95,9 +97,12 @@ def from_hf(model_or_path: Any) -> nn.Module:
         ValueError: unsupported architecture or option; missing, unexpected or mis-shaped
             weights; an unreadable or unsafe weights file. Messages name the tensor or file.
         FileNotFoundError: a folder without config.json or weights.
+        HubError: an `hf:` name that cannot be had (not cached while offline, not found, gated, ...).
     """
     if isinstance(model_or_path, (str, os.PathLike)):
-        folder = Path(model_or_path)
+        from attnlab.interop.hub import resolve_model_path
+
+        folder = resolve_model_path(model_or_path)
         if not folder.is_dir():
             raise FileNotFoundError(f"{folder} is not a folder (expected config.json + {SAFETENSORS})")
         hf_config = read_json(folder / "config.json")

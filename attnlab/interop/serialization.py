@@ -82,7 +82,7 @@ def load(path: str | os.PathLike, *, with_tokenizer: bool = False) -> Any:
     config and tokenizer are RUN's), or a Hugging Face folder (through `from_hf`).
 
     Args:
-        path: the folder.
+        path: the folder, or a Hugging Face Hub model `hf:NAME[@REVISION]` (`attnlab.interop.hub`).
         with_tokenizer: also return the tokenizer (None when the folder has no tokenizer.json).
 
     Returns:
@@ -95,8 +95,11 @@ def load(path: str | os.PathLike, *, with_tokenizer: bool = False) -> Any:
         ValueError: a file instead of a folder, a bad config, a truncated weights file, or
             missing, unexpected or mis-shaped tensors; nothing half-loaded is returned. Every
             message names the folder or the file in it.
+        HubError: an `hf:` name that cannot be had (not cached while offline, not found, gated, ...).
     """
-    folder = Path(path)
+    from attnlab.interop.hub import resolve_model_path
+
+    folder = resolve_model_path(path)  # an `hf:NAME` is its snapshot in the Hugging Face cache
     if not folder.exists():
         raise FileNotFoundError(f"{folder} does not exist (expected a model folder: {CONFIG} + {SAFETENSORS})")
     if not folder.is_dir():

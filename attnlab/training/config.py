@@ -55,9 +55,10 @@ MAX_SEED = 2 ** 63 - 2  # torch seeds are 64-bit; the data generator takes seed 
 class TrainModelConfig(ModelConfig):
     """The `model` section of a run: the ModelConfig to build, and where its weights start.
 
-    init_from: None (fresh weights), or an attnlab.save folder, an `attnlab train` run folder or a
-        Hugging Face folder whose weights and tokenizer the run starts from (the folder decides
-        the architecture; see attnlab.training.init).
+    init_from: None (fresh weights), or an attnlab.save folder, an `attnlab train` run folder, a
+        Hugging Face folder or a Hugging Face Hub model (`hf:NAME[@REVISION]`, through its cache)
+        whose weights and tokenizer the run starts from (the model decides the architecture; see
+        attnlab.training.init).
     add_special_tokens: tokens appended to that tokenizer (GPT's `[START]`, `[DELIM]`, ...).
     """
 
@@ -481,11 +482,13 @@ def absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
     `attnlab eval`, `generate` and `train --resume` find its data, tokenizer and starting
     weights from any folder, and after the run folder is moved or copied (the folder's own
     files are found through where its config.json is, not through train.out_dir). A built-in
-    corpus name in data.source stays a name; unset fields stay unset; `data` is not changed.
+    corpus name in data.source stays a name, a Hub model (`hf:gpt2`) in model.init_from too;
+    unset fields stay unset; `data` is not changed.
 
         absolute_paths({"data": {"source": "train.txt"}})   # {"data": {"source": "/home/me/train.txt"}}
     """
     from attnlab.data.sources import is_builtin
+    from attnlab.interop.hub import is_hub_name
 
     data = copy.deepcopy(data)
     for dotted in PATH_FIELDS:
@@ -494,7 +497,8 @@ def absolute_paths(data: dict[str, Any]) -> dict[str, Any]:
         for key in sections:
             section = section.get(key) if isinstance(section, dict) else None
         value = section.get(name) if isinstance(section, dict) else None
-        if not isinstance(value, str) or not value or (dotted == "data.source" and is_builtin(value)):
+        if (not isinstance(value, str) or not value or (dotted == "data.source" and is_builtin(value))
+                or (dotted == "model.init_from" and is_hub_name(value))):
             continue
         section[name] = os.path.abspath(value)
     return data

@@ -6,6 +6,9 @@
     run folder           attnlab.load: the best checkpoint of an `attnlab train` run + its tokenizer.json
     Hugging Face folder  attnlab.load -> attnlab.from_hf (GPT-2, BERT, BART, Marian, T5), its tokenizer
                          (tokenizer.json, vocab.json + merges.txt, or vocab.txt)
+    hf:NAME[@REVISION]   the Hub model's snapshot folder in huggingface_hub's cache (downloaded there
+                         when online, the cache alone with HF_HUB_OFFLINE=1; attnlab.interop.hub),
+                         then read as a Hugging Face folder
 
 `resolve_init_from(config)` reads the folder's config.json alone (no weights) into the run
 config's model section, so that `attnlab train --print-config` and OUT/config.json show the model
@@ -55,10 +58,12 @@ def pretrain_setup(config: TrainConfig, out: Path, *, pipeline: Pipeline | None 
     tokenizer = None
     init_from = config.model.init_from
     if model is None and init_from:
-        model, tokenizer = load_init(init_from)
+        folder = _init_folder(init_from)
+        model, tokenizer = load_init(init_from, folder=folder)
         if config.model.add_special_tokens:
             tokenizer, model = add_special_tokens(tokenizer, model, list(config.model.add_special_tokens))
-        log(f"model.init_from: {init_from} ({model.config.arch}, vocabulary {model.config.vocab_size})")
+        where = f"{init_from} (commit {folder.name})" if str(folder) != str(init_from) else init_from
+        log(f"model.init_from: {where} ({model.config.arch}, vocabulary {model.config.vocab_size})")
     _check_lora_early(config, model)
     if pipeline is None:
         pipeline = Pipeline.build(config.data, out, show_progress=show_progress, tokenizer=tokenizer, check=False)
@@ -113,16 +118,18 @@ def _recurrence_task(config: TrainConfig, pipeline: Pipeline):
                           seq_len=data.seq_len, eval_segments=config.train.eval_batches, pipeline=pipeline)
 
 
-def load_init(path: str | os.PathLike) -> tuple[nn.Module, Any]:
-    """(model in train mode, float32; its tokenizer) from an attnlab, run or Hugging Face folder.
+def load_init(path: str | os.PathLike, *, folder: Path | None = None) -> tuple[nn.Module, Any]:
+    """(model in train mode, float32; its tokenizer) from an attnlab, run or Hugging Face folder,
+    or a Hub model `hf:NAME[@REVISION]`; `folder`, when given, is where `path` was found already.
 
     Raises:
         FileNotFoundError: no such folder, or no tokenizer in it.
+        HubError: a Hub model that cannot be had (`attnlab.interop.hub.hub_folder`).
     """
     from attnlab.interop.serialization import load
     from attnlab.tokenizers import Tokenizer
 
-    folder = _init_folder(path)
+    folder = folder or _init_folder(path)
     model = load(folder)
     for candidate in ("tokenizer.json", "vocab.json", "vocab.txt"):
         if (folder / candidate).is_file():
@@ -134,8 +141,12 @@ def load_init(path: str | os.PathLike) -> tuple[nn.Module, Any]:
     return model.float().train(), tokenizer
 
 
-def _init_folder(path: str | os.PathLike) -> Path:
-    folder = Path(path)
+def _init_folder(path: str | os.PathLike, *, config_only: bool = False) -> Path:
+    """The folder of model.init_from: itself, or a Hub model's snapshot (only config.json fetched
+    with `config_only`)."""
+    from attnlab.interop.hub import hub_folder, is_hub_name
+
+    folder = hub_folder(path, config_only=config_only) if is_hub_name(path) else Path(path)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"model.init_from={str(path)!r}: expected a folder with config.json (an attnlab.save "
                                 "folder, an `attnlab train` run folder or a Hugging Face folder)")
@@ -151,8 +162,9 @@ def read_init_config(path: str | os.PathLike) -> ModelConfig:
     Raises:
         FileNotFoundError: no folder with config.json.
         ValueError: a config that is not a model's, or a Hugging Face architecture attnlab does not convert.
+        HubError: a Hub model whose config.json cannot be had (`attnlab.interop.hub.hub_folder`).
     """
-    folder = _init_folder(path)
+    folder = _init_folder(path, config_only=True)  # a Hub model's weights are fetched when the run loads them
     data = read_json(folder / "config.json")
     if "arch" not in data and "model_type" in data:  # a Hugging Face folder
         from attnlab.interop.api import FAMILIES, folder_architecture, supported_architectures

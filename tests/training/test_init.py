@@ -121,3 +121,30 @@ def test_added_special_tokens_grow_the_embedding_and_tied_head_with_mean_rows(tm
     assert trainer.model.config.vocab_size == tok.vocab_size + 3 and math.isfinite(loss)
     with pytest.raises(ValueError, match="smaller"):
         resize_token_embeddings(grown, 5)
+
+
+def test_train_from_a_hub_name_offline_starts_at_the_cached_models_loss(tmp_path, monkeypatch):
+    """model.init_from: hf:ORG/NAME, read from huggingface_hub's cache with HF_HUB_OFFLINE=1; the
+    run records the name (not a path made absolute) and logs the commit it resolved to."""
+    from tests.interop.hub_cache import cache_folder
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    train_path, valid_path = write_corpus(tmp_path / "data")
+    hf, tok = _gpt2_folder(tmp_path / "gpt2", [train_path.read_text()])
+    snapshot = cache_folder(tmp_path / "hf-cache", "attnlab-tests/tiny-gpt2", tmp_path / "gpt2")
+    name = "hf:attnlab-tests/tiny-gpt2"
+    trainer, batch, loss = _run(tmp_path, {"init_from": name}, {"source": str(train_path), "valid": str(valid_path)})
+    with torch.no_grad():
+        logits = hf(batch["input_ids"]).logits
+    want = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=IGNORE)
+    assert loss == pytest.approx(float(want), abs=1e-5)
+    recorded = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert recorded["config"]["model"]["init_from"] == name, recorded
+    from attnlab.training.init import pretrain_setup
+
+    lines = []
+    cfg = TrainConfig.from_dict({"model": {"init_from": name},
+                                 "data": {"source": str(train_path), "valid": str(valid_path), "seq_len": 16}})
+    pretrain_setup(cfg, tmp_path / "setup", show_progress=False, log=lines.append)
+    assert f"model.init_from: {name} (commit {snapshot.name}) (decoder, vocabulary {tok.vocab_size})" in lines
