@@ -32,11 +32,7 @@ class TokenFinetuner(Finetuner):
         tokenizer: its tokenizer.
         train_examples: WordExample rows; train_labels: label ids per word of each row.
         recipe: as for Finetuner; recipe.label_position picks the labelled sub-token.
-        seed: as for Finetuner.
-        pad_id: as for Finetuner.
-        out_dir: as for Finetuner.
-        resume: as for Finetuner.
-        log: as for Finetuner.
+        **kwargs: passed to Finetuner (seed, pad_id, out_dir, resume, log).
 
     Raises:
         ValueError: the model's head is not token_classification.

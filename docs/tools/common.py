@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import html
-import inspect
+import textwrap
 
 
 def cell(text: str) -> str:
@@ -26,6 +26,6 @@ def code(value: str) -> str:
 
 def text_block(text: str) -> str:
     """`text` verbatim in a fenced block (what the terminal shows), dedented."""
-    body = inspect.cleandoc(text)
+    body = textwrap.dedent(text).strip("\n").rstrip()  # relative indentation kept (aligned examples)
     fence = "````" if "```" in body else "```"
     return f"{fence}text\n{body}\n{fence}"
