@@ -10,6 +10,7 @@ STAMP := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.docs-installed
 TUTORIAL_SOURCES := $(sort $(wildcard docs/tutorials/[0-9][0-9]-*.py))
 TUTORIALS := $(TUTORIAL_SOURCES:.py=.ipynb)
+KERNEL ?= attnlab  # the Jupyter kernel the tutorials run in (registered in .venv by the docs stamp)
 
 .PHONY: demo test test-slow test-all browser clean tutorials docs docs-serve docs-check
 
@@ -44,7 +45,7 @@ $(DOCS_STAMP): $(STAMP) pyproject.toml constraints.txt
 # each tutorial runs again only when its .py is newer than its executed notebook (order-only on
 # the stamp: reinstalling the tools does not rerun them); wall times go to timings.json
 docs/tutorials/%.ipynb: docs/tutorials/%.py | $(DOCS_STAMP)
-	$(PY) docs/tools/run_tutorial.py $< $@ --timings docs/tutorials/timings.json
+	$(PY) docs/tools/run_tutorial.py $< $@ --kernel $(KERNEL) --timings docs/tutorials/timings.json
 
 tutorials: $(TUTORIALS)
 
