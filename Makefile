@@ -10,7 +10,8 @@ STAMP := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.docs-installed
 TUTORIAL_SOURCES := $(sort $(wildcard docs/tutorials/[0-9][0-9]-*.py))
 TUTORIALS := $(TUTORIAL_SOURCES:.py=.ipynb)
-KERNEL ?= attnlab  # the Jupyter kernel the tutorials run in (registered in .venv by the docs stamp)
+# the Jupyter kernel the tutorials run in (registered in .venv by the docs stamp)
+KERNEL ?= attnlab
 
 .PHONY: demo test test-slow test-all browser clean tutorials docs docs-serve docs-check
 

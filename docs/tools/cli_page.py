@@ -74,10 +74,9 @@ def command_section(path: tuple[str, ...], parser: argparse.ArgumentParser, summ
     if summary:
         out += [summary[0].upper() + summary[1:] + ("" if summary.endswith(".") else "."), ""]
     out += [text_block(parser.format_usage().strip()), ""]
-    if parser.description:
-        out += [text_block(parser.description), ""]
-    if parser.epilog:
-        out += [text_block(parser.epilog), ""]
+    for text in (parser.description, parser.epilog):  # verbatim, wrapped (docs/assets/stylesheets/extra.css)
+        if text:
+            out += ['<div class="cli-help" markdown>', "", text_block(text), "", "</div>", ""]
     rows = [(_name(parser, a), _help(parser, a), _default(a),
              ", ".join(code(c) for c in a.choices) if a.choices else "") for a in arguments(parser)]
     if rows:

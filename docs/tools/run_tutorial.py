@@ -7,7 +7,7 @@ runs top to bottom in a fresh Jupyter kernel (`--kernel`, default `attnlab`: the
 docs` registers in .venv) with the repository root as its working folder. The site shows the
 executed notebook as it was saved (mkdocs-jupyter, execute: false).
 
-Fails (exit 1, nothing written) when a cell raises (naming the notebook, the cell and the error)
+Fails (exit 1, nothing written, an earlier run's notebook removed) when a cell raises (naming the notebook, the cell and the error)
 or when the whole notebook takes longer than `--timeout` seconds (600). On success it prints the
 wall time and records it, with /proc/loadavg, in `--timings` (docs/tutorials/timings.json).
 """
@@ -68,9 +68,9 @@ def execute(source: Path, kernel: str, timeout: float):
     name = source.name
     try:
         client.execute()
-    except CellTimeoutError:
-        raise NotebookError(f"{name}: over the {timeout:g} s limit for a notebook (a cell was stopped); make it "
-                            "faster, smaller data or fewer steps") from None
+    except CellTimeoutError as err:  # its message quotes the cell that was running
+        raise NotebookError(f"{name}: over the {timeout:g} s limit for a notebook; make it faster (smaller data, "
+                            f"fewer steps)\n{err}") from None
     except CellExecutionError:
         number, cell_source, error = _failed_cell(nb)
         raise NotebookError(f"{name}: code cell {number} failed with {error}\n--- the cell:\n{cell_source}") from None
@@ -106,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         nb = execute(args.source, args.kernel, args.timeout)
     except NotebookError as err:
         print(f"tutorial failed: {err}", file=sys.stderr)
+        args.output.unlink(missing_ok=True)  # an earlier run's notebook no longer shows this source
         return 1
     seconds = time.monotonic() - start
     _atomic_write(args.output, nbformat.writes(nb))
