@@ -56,9 +56,10 @@ docs: $(DOCS_STAMP) $(TUTORIALS)
 docs-serve: $(DOCS_STAMP) $(TUTORIALS)
 	$(PY) -m mkdocs serve --strict --dev-addr 127.0.0.1:8000
 
-# the built site in headless Chromium: pages render, navigation and search work, nothing is
-# requested from outside localhost; screenshots in site-check/
-docs-check: docs browser
+# the site `make docs` built, in headless Chromium: pages render, navigation and search work,
+# nothing is requested from outside localhost; screenshots in site-check/. (Not on `docs`: .ci/run
+# builds the site once, then checks it.)
+docs-check: $(STAMP) browser
 	$(PY) docs/tools/check_site.py site --shots site-check
 
 demo: $(STAMP)
