@@ -15,16 +15,18 @@ config raises for that very field says what it expects (`one of auto, eager, ...
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import io
+import json
 import re
 import tokenize
+import types
 import typing
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
-import json
 
 from common import cell, code
 
@@ -46,8 +48,6 @@ class Section:
 
 def _nest(dotted: str, value: Any, base: dict | None = None) -> dict:
     """`{"a": {"b": value}}` for "a.b", merged into a copy of `base`."""
-    import copy
-
     data = copy.deepcopy(base or {})
     *sections, name = dotted.split(".")
     node = data
@@ -60,8 +60,8 @@ def _nest(dotted: str, value: Any, base: dict | None = None) -> dict:
 def _unwrap(tp: Any) -> Any:
     """`X` from `X | None`; anything else as it is."""
     args = [a for a in typing.get_args(tp) if a is not type(None)]
-    return args[0] if typing.get_origin(tp) in (typing.Union, getattr(__import__("types"), "UnionType")) \
-        and len(args) == 1 else tp
+    optional = typing.get_origin(tp) in (typing.Union, types.UnionType) and len(args) == 1
+    return args[0] if optional else tp
 
 
 def _sentinels(tp: Any) -> list[Any]:
@@ -128,45 +128,35 @@ def default(f: dataclasses.Field) -> str:
         return "its section's defaults"
     if isinstance(value, tuple):
         value = list(value)
-
     return code(json.dumps(value))
 
 
 def field_comments(cls: type) -> dict[str, str]:
-    """`{field: comment}` from the class source: the comment lines right above a field and the
-    comment at the end of its line."""
+    """`{field: comment}` from the class source: the comment lines right above a field (at the
+    body's indentation) and the comment at the end of its line."""
     source = inspect.getsource(cls)
-    comments: dict[str, str] = {}
-    above: list[str] = []
-    names = {f.name for f in dataclasses.fields(cls)}
     lines = source.splitlines()
+    trailing = {}  # line number (from 1) -> the comment ending it; tokenize skips `#` inside strings
     for tok in tokenize.generate_tokens(io.StringIO(source).readline):
         if tok.type == tokenize.COMMENT:
-            line = lines[tok.start[0] - 1]
-            text = tok.string.lstrip("#").strip()
-            if line[:tok.start[1]].strip():  # at the end of a code line
-                m = re.match(r"\s+(\w+)\s*:", line)
-                if m and m.group(1) in names:
-                    comments[m.group(1)] = " ".join([*above, text]) if above else text
-                above = []
-            else:
-                above.append(text)
-        elif tok.type == tokenize.NAME and tok.start[1] == _indent(lines) and tok.string in names:
-            if above:
-                comments.setdefault(tok.string, " ".join(above))
+            trailing[tok.start[0]] = tok.string.lstrip("#").strip()
+    first = next(i for i, line in enumerate(lines) if line.lstrip().startswith("class "))
+    body = next((len(line) - len(line.lstrip()) for line in lines[first + 1:] if line.strip()), 4)
+    names = {f.name for f in dataclasses.fields(cls)}
+    comments: dict[str, str] = {}
+    above: list[str] = []
+    for number, line in enumerate(lines, 1):
+        indent, text = len(line) - len(line.lstrip()), line.strip()
+        field = re.match(r"(\w+)\s*:", text)
+        if indent == body and text.startswith("#"):
+            above.append(trailing.get(number, ""))
+        elif indent == body and field and field.group(1) in names:
+            own = trailing.get(number) if "#" in line else None
+            comments[field.group(1)] = " ".join([*above, *([own] if own else [])])
             above = []
-        elif tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.COMMENT):
-            if tok.start[1] <= _indent(lines):
-                above = [] if tok.type != tokenize.NAME else above
-    return comments
-
-
-def _indent(lines: list[str]) -> int:
-    """The indentation of the class body (its first indented line)."""
-    for line in lines[1:]:
-        if line.strip():
-            return len(line) - len(line.lstrip())
-    return 4
+        elif text:
+            above = []
+    return {name: text for name, text in comments.items() if text}
 
 
 def docstring_entries(cls: type) -> dict[str, str]:
@@ -176,8 +166,9 @@ def docstring_entries(cls: type) -> dict[str, str]:
     doc = inspect.cleandoc(cls.__doc__ or "")
     names = [f.name for f in dataclasses.fields(cls)]
     one = r"(?:%s)" % "|".join(map(re.escape, sorted(names, key=len, reverse=True)))
-    head = re.compile(r"(?:^|(?<=[;.,]\s)|(?<=[;.,]\sor\s)|(?<=\n)\s*)`?(%s`?(?:\s*(?:/|,|and)\s*`?%s`?)*)(?:\s*\([^)]*\))?:\s"
-                      % (one, one))
+    # an entry starts a line or follows `; `, `. `, `, ` (`, or `): names, an optional (note), a colon
+    start = r"(?:^|(?<=[;.,]\s)|(?<=[;.,]\sor\s)|(?<=\n)\s*)"
+    head = re.compile(start + r"`?(%s`?(?:\s*(?:/|,|and)\s*`?%s`?)*)(?:\s*\([^)]*\))?:\s" % (one, one))
     starts = [m for m in head.finditer(doc) if re.match(r"\s|$", doc[m.end() - 1:])]
     entries: dict[str, str] = {}
     for i, m in enumerate(starts):

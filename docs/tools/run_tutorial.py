@@ -7,8 +7,9 @@ runs top to bottom in a fresh Jupyter kernel (`--kernel`, default `attnlab`: the
 docs` registers in .venv) with the repository root as its working folder. The site shows the
 executed notebook as it was saved (mkdocs-jupyter, execute: false).
 
-Fails (exit 1, nothing written, an earlier run's notebook removed) when a cell raises (naming the notebook, the cell and the error)
-or when the whole notebook takes longer than `--timeout` seconds (600). On success it prints the
+Fails (exit 1, nothing written, an earlier run's notebook removed) when a cell raises (naming
+the notebook, the cell and the error) or when the whole notebook takes longer than `--timeout`
+seconds (600). On success it prints the
 wall time and records it, with /proc/loadavg, in `--timings` (docs/tutorials/timings.json).
 """
 
