@@ -1,11 +1,19 @@
 # The two commands of the README: `make demo` and `make test`. Both build .venv from nothing.
+# The documentation site: `make docs` (tutorials executed, then `mkdocs build --strict` into site/),
+# `make docs-serve` (on localhost), `make docs-check` (the built site in headless Chromium).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+# the docs tools (the `docs` extra and a Jupyter kernel in .venv); `make test` does not need them
+DOCS_STAMP := $(VENV)/.docs-installed
+TUTORIAL_SOURCES := $(sort $(wildcard docs/tutorials/[0-9][0-9]-*.py))
+TUTORIALS := $(TUTORIAL_SOURCES:.py=.ipynb)
+# the Jupyter kernel the tutorials run in (registered in .venv by the docs stamp)
+KERNEL ?= attnlab
 
-.PHONY: demo test test-slow test-all browser clean
+.PHONY: demo test test-slow test-all browser clean tutorials docs docs-serve docs-check
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +37,30 @@ test-slow: $(STAMP)
 
 test-all: $(STAMP) browser
 	$(PY) -m pytest -m ''
+
+$(DOCS_STAMP): $(STAMP) pyproject.toml constraints.txt
+	$(PIP) install --quiet -c constraints.txt -e '.[docs]'
+	$(PY) -m ipykernel install --sys-prefix --name attnlab --display-name "attnlab (.venv)"
+	touch $(DOCS_STAMP)
+
+# each tutorial runs again only when its .py is newer than its executed notebook (order-only on
+# the stamp: reinstalling the tools does not rerun them); wall times go to timings.json
+docs/tutorials/%.ipynb: docs/tutorials/%.py | $(DOCS_STAMP)
+	$(PY) docs/tools/run_tutorial.py $< $@ --kernel $(KERNEL) --timings docs/tutorials/timings.json
+
+tutorials: $(TUTORIALS)
+
+docs: $(DOCS_STAMP) $(TUTORIALS)
+	$(PY) -m mkdocs build --strict --site-dir site
+
+docs-serve: $(DOCS_STAMP) $(TUTORIALS)
+	$(PY) -m mkdocs serve --strict --dev-addr 127.0.0.1:8000
+
+# the site `make docs` built, in headless Chromium: pages render, navigation and search work,
+# nothing is requested from outside localhost; screenshots in site-check/. (Not on `docs`: .ci/run
+# builds the site once, then checks it.)
+docs-check: $(STAMP) browser
+	$(PY) docs/tools/check_site.py site --shots site-check
 
 demo: $(STAMP)
 	$(VENV)/bin/attnlab demo

@@ -146,8 +146,10 @@ def read_pairs(path: str | os.PathLike, *, src_column: int = 0, tgt_column: int 
 
     Args:
         path: `*.tsv` (tab separated, no quoting), `*.csv` (RFC 4180 quoting) or `*.jsonl`.
-        src_column, tgt_column: 0-based columns of TSV/CSV rows.
-        src_field, tgt_field: keys of JSONL objects.
+        src_column: 0-based column of the source side in TSV/CSV rows.
+        tgt_column: 0-based column of the target side in TSV/CSV rows.
+        src_field: key of the source side in JSONL objects.
+        tgt_field: key of the target side in JSONL objects.
 
     Returns:
         the pairs in file order; rows with an empty side are skipped, and so is a first row of

@@ -41,7 +41,8 @@ class FewShotPrompt:
             since the query is rendered up to it.
         instruction: optional text before the examples.
         example_separator: between the instruction and the rendered examples.
-        input_key, output_key: the names of the two fields in `template`.
+        input_key: the name of the input field in `template`.
+        output_key: the name of the output field in `template`.
     """
 
     template: str = "Input: {input}\nOutput: {output}"

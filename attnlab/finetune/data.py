@@ -91,7 +91,9 @@ def read_examples(path: str | os.PathLike, *, text_column: str = "text", text_pa
 
     Args:
         path: a .csv, .tsv or .jsonl file.
-        text_column, text_pair_column, label_column: the column (CSV header / JSON key) names.
+        text_column: the text's column (CSV header / JSON key).
+        text_pair_column: the second text's column, for pairs.
+        label_column: the label's column.
 
     Returns:
         the examples in file order; labels without surrounding whitespace (a warning says how

@@ -31,8 +31,8 @@ class TokenFinetuner(Finetuner):
         model: an attnlab encoder/decoder with head `token_classification`.
         tokenizer: its tokenizer.
         train_examples: WordExample rows; train_labels: label ids per word of each row.
-        recipe, seed, pad_id, out_dir, resume, log: as for Finetuner (recipe.label_position picks
-            the labelled sub-token).
+        recipe: as for Finetuner; recipe.label_position picks the labelled sub-token.
+        **kwargs: passed to Finetuner (seed, pad_id, out_dir, resume, log).
 
     Raises:
         ValueError: the model's head is not token_classification.

@@ -57,7 +57,8 @@ def read_word_examples(path: str | os.PathLike, *, words_column: str = "words",
 
     Args:
         path: a .jsonl, .csv or .tsv file.
-        words_column, labels_column: the column names (labels_column None: unlabelled rows).
+        words_column: the column name of the words.
+        labels_column: the column name of the labels (None: unlabelled rows).
 
     Returns:
         the rows in file order.

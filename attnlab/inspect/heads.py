@@ -47,7 +47,7 @@ def ones_mask(model: nn.Module, requires_grad: bool = False) -> dict[str, Tensor
 
 @contextmanager
 def head_mask(model: nn.Module, mask: dict[str, Tensor]) -> Iterator[None]:
-    """Inside the block, head h of module `name` is scaled by mask[name][h] (0 = pruned).
+    """Inside the block, head h of module `name` is scaled by `mask[name][h]` (0 = pruned).
 
     Raises:
         ValueError: an unknown module name, or a mask of the wrong length.

@@ -43,7 +43,7 @@ def gather_full_state(model: nn.Module, group=None) -> dict[str, Tensor]:
 
     Args:
         model: a model, tensor-parallel (`tensor_parallel`) or not, or a part of one (a pipeline stage).
-        group: the tensor-parallel group; default the model's `tp_group`.
+        group (torch.distributed.ProcessGroup | None): the tensor-parallel group; default the model's `tp_group`.
 
     Returns:
         name -> tensor, each tied tensor under its first name.
@@ -147,7 +147,8 @@ def load_full_checkpoint(path: str | os.PathLike, group=None, *, gather_output: 
 
     Args:
         path: a folder written by `attnlab.save` or `save_full_checkpoint`.
-        group: the tensor-parallel group; None with one process gives the plain model.
+        group (torch.distributed.ProcessGroup | None): the tensor-parallel group; None with one process gives
+            the plain model.
         gather_output: as in `tensor_parallel`.
 
     Returns:

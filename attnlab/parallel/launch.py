@@ -68,7 +68,8 @@ def spawn(fn: Callable[..., Any], world_size: int = 2, *, args: tuple = (), tp: 
     Args:
         fn: a module-level function (it is pickled by reference for the spawn start method).
         world_size: processes to start.
-        tp, pp: tensor- and pipeline-parallel degrees of the mesh (dp: what is left).
+        tp: tensor-parallel degree of the mesh.
+        pp: pipeline-parallel degree of the mesh (dp: what tp and pp leave).
         timeout_s: deadline for the whole run; ranks still alive then are killed.
         collective_timeout_s: the process group's timeout for one collective.
         threads: torch threads per process.

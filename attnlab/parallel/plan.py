@@ -115,7 +115,8 @@ def plan_layout(config: ModelConfig, *, nproc: int, tp: int = 1, pp: int = 1, dp
     Args:
         config: the model.
         nproc: N, the number of processes.
-        tp, pp: tensor- and pipeline-parallel sizes.
+        tp: tensor-parallel size.
+        pp: pipeline-parallel size.
         dp: data-parallel size; default N / (tp pp).
         micro_batches: m, the pipeline's micro-batches per step.
         seq_len: S (the source length of an encoder-decoder).

@@ -150,7 +150,7 @@ def vocab_parallel_cross_entropy(local_logits: Tensor, targets: Tensor, group=No
     Args:
         local_logits: (..., V'/n), this rank's slice [r V'/n, (r+1) V'/n) of the (padded) vocabulary.
         targets: (...) global ids; `ignore_index` entries take no loss.
-        group: the tensor-parallel group.
+        group (torch.distributed.ProcessGroup | None): the tensor-parallel group.
         label_smoothing: eps in [0, 1).
         vocab_size: V, when the slices hold a padded vocabulary (V' > V columns in all): the
             columns from V on take no probability. Default: every column is a token.
@@ -289,7 +289,8 @@ def tensor_parallel(model: nn.Module, group=None, *, gather_output: bool = True)
 
     Args:
         model: a Transformer from `attnlab.build_model` (or `attnlab.load`), identical on every rank.
-        group: the tensor-parallel process group (`ParallelContext.tp_group`); None = the default group.
+        group (torch.distributed.ProcessGroup | None): the tensor-parallel process group
+            (`ParallelContext.tp_group`); None = the default group.
         gather_output: LM/MLM heads all-gather their logits to (B, T, V) (the model's usual contract);
             False keeps (B, T, V/n) for `vocab_parallel_cross_entropy`.
 

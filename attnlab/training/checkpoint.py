@@ -96,7 +96,8 @@ def save_checkpoint(folder: str | os.PathLike, *, step: int, model: torch.nn.Mod
     Args:
         folder: the run's `checkpoints/` folder.
         step: optimisation steps done.
-        model, optimizer: what to save.
+        model: the model to save.
+        optimizer: the optimizer to save.
         schedule_state: `Schedule.state_dict()`.
         data_generator: the generator that draws batches (its state is the data position).
         extra: JSON-serialisable trainer state (best metric, patience, config, ...).
