@@ -1,4 +1,4 @@
-"""The docs' links to study plots name plots the MkDocs hook (docs/hooks/studies_files.py) serves,
+"""The docs' links to study plots name plots the MkDocs hook (docs/tools/studies_files.py) serves,
 and the hook serves the committed PNGs under the site paths the pages use."""
 
 import importlib.util
@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _hook():
-    spec = importlib.util.spec_from_file_location("studies_files", ROOT / "docs" / "hooks" / "studies_files.py")
+    spec = importlib.util.spec_from_file_location("studies_files", ROOT / "docs" / "tools" / "studies_files.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
