@@ -123,6 +123,10 @@ def step_flops(loss_of, batch) -> int:
     return counter.get_total_flops()
 
 
+def precision(args: argparse.Namespace) -> str:
+    return "bf16" if args.bf16 else "fp32"
+
+
 def run(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     sides = {side: build(side, args) for side in SIDES}
@@ -134,14 +138,14 @@ def run(args: argparse.Namespace) -> dict:
     flops = step_flops(sides["attnlab"][2], batch)
     times: dict[str, list[float]] = {side: [] for side in SIDES}
     for i in range(args.warmup + args.steps):
-        sample_peaks()
+        sample_peaks(precisions=(precision(args),))
         order = list(SIDES) if i % 2 == 0 else list(SIDES)[::-1]
         for side in order:
             t = time.perf_counter()
             sides[side][1](*batch)
             if i >= args.warmup:
                 times[side].append(time.perf_counter() - t)
-    peak = PEAKS["bf16" if args.bf16 else "fp32"]
+    peak = PEAKS[precision(args)]
     tokens = B * (S + T)
     out = {"benchmark": "seq2seq_train", "shape": {"d_model": args.d_model, "layers": f"{args.layers}+{args.layers}",
                                                    "heads": args.heads, "d_ff": args.d_ff, "vocab": args.vocab,
@@ -179,7 +183,7 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    sample_peaks(2048)
+    sample_peaks(2048, precisions=(precision(args),))
     load = loadavg()
     result = run(args)
     print(json.dumps({**result, "loadavg_start": load, "loadavg_end": loadavg()}, indent=1))

@@ -56,10 +56,12 @@ def matmul_peak(n: int = 2048, reps: int = 5, dtype=None) -> float:
 PEAKS = {"fp32": 0.0, "bf16": 0.0}
 
 
-def sample_peaks(n: int = 1024) -> None:
-    """Matmul peaks (fp32, bf16) sampled between steps and kept as the maximum in PEAKS (a
-    shared machine's load varies)."""
+def sample_peaks(n: int = 1024, precisions: tuple[str, ...] = ("fp32", "bf16")) -> None:
+    """Matmul peaks of `precisions` sampled between steps and kept as the maximum in PEAKS (a
+    shared machine's load varies). Ask only for the precision a run uses: on a CPU without bf16
+    instructions (AVX2 only) one bf16 product of 2048 takes tens of seconds."""
     import torch
 
-    PEAKS["fp32"] = max(PEAKS["fp32"], matmul_peak(n, 3))
-    PEAKS["bf16"] = max(PEAKS["bf16"], matmul_peak(n, 3, torch.bfloat16))
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    for precision in precisions:
+        PEAKS[precision] = max(PEAKS[precision], matmul_peak(n, 3, dtypes[precision]))
