@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from attnlab.labs.runner import DEFAULT_DIR
+DEFAULT_DIR = "labs"  # attnlab.labs.DEFAULT_DIR, not imported: `attnlab --help` loads no torch (a test checks they agree)
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

@@ -147,7 +147,6 @@ def _use_labs(folders: list[str], prog: str) -> None:
         return
     from attnlab.labs import use
 
-    os.environ[LABS_ENV] = os.pathsep.join(folders)
     for folder in folders:
         registered, skipped = use(folder)
         for name, why in skipped.items():
@@ -155,6 +154,7 @@ def _use_labs(folders: list[str], prog: str) -> None:
         if registered and os.environ.get("RANK", "0") == "0":
             names = ", ".join(s for settings in registered.values() for s in settings)
             print(f"{prog}: lab pieces from {folder}: {names}", file=sys.stderr)
+    os.environ[LABS_ENV] = os.pathsep.join(folders)
 
 
 def main(argv: list[str] | None = None) -> int:
