@@ -17,7 +17,9 @@ from attnlab import ModelConfig, build_model, labs
 from attnlab.cli.main import main
 from attnlab.config.validate import ConfigError
 from attnlab.decoding import generate
+from attnlab.decoding.runner import make_runner
 from attnlab.nn.kernels import KERNELS
+from attnlab.nn.kernels.eager import EagerKernel
 from attnlab.nn.positions import POSITION_SCHEMES
 from tests.training.helpers import tiny_config
 
@@ -73,6 +75,7 @@ def test_the_students_pieces_run_inside_a_model_and_its_cached_decoding(folder):
     mask[1, :2] = 0
     with torch.no_grad():
         torch.testing.assert_close(model(x, mask), reference(x, mask), atol=1e-5, rtol=1e-5)
+        _assert_cached_steps_equal_full(model, x)
         ours = generate(model, x, 6, attention_mask=mask, use_cache=True)
         torch.testing.assert_close(ours, generate(model, x, 6, attention_mask=mask, use_cache=False))
         torch.testing.assert_close(ours, generate(reference, x, 6, attention_mask=mask))
@@ -83,6 +86,19 @@ def test_the_students_pieces_run_inside_a_model_and_its_cached_decoding(folder):
         before = model(x, mask)
         labs.LABS["sdpa"].plug(SimpleNamespace(attention=lambda q, k, v, **kw: (torch.zeros_like(q), None)))
         assert (model(x, mask) - before).abs().max() > 1e-3
+        # and the student's rotation, in the full forward and in each cached step alike: one that
+        # leaves q and k as they are still decodes the same with and without the cache
+        labs.LABS["sdpa"].plug(SimpleNamespace(attention=EagerKernel()))
+        labs.LABS["rotary"].plug(SimpleNamespace(rotate=lambda x, positions, base: x))
+        _assert_cached_steps_equal_full(model, x)
+        assert not torch.equal(model(x, mask), reference(x, mask))
+
+
+def _assert_cached_steps_equal_full(model, ids: torch.Tensor) -> None:
+    """The decoding runner's cached steps (each layer's `step`) give the logits of a full forward."""
+    runner = make_runner(model, use_cache=True, max_len=ids.shape[1])
+    steps = [runner.start(ids[:, :3], None)] + [runner.step(ids[:, :L], None) for L in range(4, ids.shape[1] + 1)]
+    torch.testing.assert_close(torch.stack(steps, 1), model(ids)[:, 2:], atol=1e-5, rtol=1e-5)
 
 
 def test_a_model_saved_with_a_lab_piece_says_which_lab_to_load(folder, tmp_path):
