@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import argparse
 
-DEFAULT_DIR = "labs"  # attnlab.labs.DEFAULT_DIR, not imported: `attnlab --help` loads no torch (a test checks they agree)
+# attnlab.labs.DEFAULT_DIR, not imported: `attnlab --help` loads no torch (a test checks they agree)
+DEFAULT_DIR = "labs"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +23,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                    epilog="example: attnlab lab start sdpa && attnlab lab check sdpa")
     sub = parser.add_subparsers(dest="lab_command", metavar="ACTION")
     listing = sub.add_parser("list", help="the labs and their state in the folder", epilog="example: attnlab lab list")
-    start = sub.add_parser("start", help="write a lab's stub for you to fill in", epilog="example: attnlab lab start sdpa")
+    start = sub.add_parser("start", help="write a lab's stub for you to fill in",
+                           epilog="example: attnlab lab start sdpa")
     check = sub.add_parser("check", help="grade your file: one line per property",
                            epilog="example: attnlab lab check sdpa --dir labs")
     for action in (start, check):

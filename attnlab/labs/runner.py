@@ -196,7 +196,8 @@ def use(folder: str | Path = DEFAULT_DIR) -> tuple[dict[str, list[str]], dict[st
             continue
         failing = [r.name for r in run_checks(lab, module, path) if not r.passed]
         if failing:
-            skipped[lab.name] = f"{len(failing)} check(s) fail ({', '.join(failing)}); see `attnlab lab check {lab.name}`"
+            skipped[lab.name] = (f"{len(failing)} check(s) fail ({', '.join(failing)}); "
+                                 f"see `attnlab lab check {lab.name}`")
             continue
         registered[lab.name] = _plugged[lab.name] = lab.plug(module)
     return registered, skipped

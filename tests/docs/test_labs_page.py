@@ -35,7 +35,8 @@ def test_the_run_yaml_trains_with_the_students_pieces(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     text = re.search(r"```yaml\n(# run.yaml.*?)```", PAGE, re.S).group(1)
     config = yaml.safe_load(text)
-    assert config["model"]["attention"]["kernel"] == "lab-sdpa" and config["model"]["position"]["scheme"] == "lab-rotary"
+    model = config["model"]
+    assert model["attention"]["kernel"] == "lab-sdpa" and model["position"]["scheme"] == "lab-rotary"
     train, valid = write_corpus(tmp_path / "data")
     (tmp_path / "run.yaml").write_text(text)
     (tmp_path / "labs").mkdir()

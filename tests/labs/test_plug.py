@@ -109,8 +109,9 @@ def test_a_model_saved_with_a_lab_piece_says_which_lab_to_load(folder, tmp_path)
     with torch.no_grad():
         expected = model(x)
     labs.forget()
-    with pytest.raises(ValueError, match=r"saved/config.json: .*attention.kernel: 'lab-sdpa' is the piece of lab 'sdpa' \(attnlab lab\), "
-                                          r"not registered here: load the labs folder .* --lab DIR"):
+    with pytest.raises(ValueError, match=r"saved/config.json: .*attention.kernel: 'lab-sdpa' is the piece of lab "
+                                         r"'sdpa' \(attnlab lab\), "
+                                         r"not registered here: load the labs folder .* --lab DIR"):
         attnlab.load(tmp_path / "saved")
     with pytest.raises(ConfigError, match="position.scheme: 'lab-rotary' is the piece of lab 'rotary'"):
         _config("eager", "lab-rotary")
