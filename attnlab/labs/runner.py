@@ -165,9 +165,6 @@ def state(lab: Lab, folder: str | Path = DEFAULT_DIR) -> str:
 
 # ---- plugging passing pieces into attnlab's registries ----------------------------------------
 
-_plugged: dict[str, list[str]] = {}  # lab name -> what it registered
-
-
 def use(folder: str | Path = DEFAULT_DIR) -> tuple[dict[str, list[str]], dict[str, str]]:
     """Register every passing lab piece of `folder` that has a seam, under its lab name
     (`lab-sdpa` as `attention.kernel`, `lab-rotary` as `position.scheme`), so a config can pick
@@ -199,12 +196,12 @@ def use(folder: str | Path = DEFAULT_DIR) -> tuple[dict[str, list[str]], dict[st
             skipped[lab.name] = (f"{len(failing)} check(s) fail ({', '.join(failing)}); "
                                  f"see `attnlab lab check {lab.name}`")
             continue
-        registered[lab.name] = _plugged[lab.name] = lab.plug(module)
+        registered[lab.name] = lab.plug(module)
     return registered, skipped
 
 
 def forget() -> None:
-    """Unregister every lab piece `use` registered."""
-    for name in list(_plugged):
-        LABS[name].unplug()
-        del _plugged[name]
+    """Unregister every lab piece (those `use` registered, and any plugged by hand)."""
+    for lab in LABS.values():
+        if lab.unplug is not None:
+            lab.unplug()
