@@ -71,3 +71,18 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
     assert main(["lab", "start", "rotary", "--dir", str(tmp_path), "--force"]) == 0
     assert main(["--lab", str(tmp_path / "none"), "lab", "list"]) == 2
     assert "lab folder" in capsys.readouterr().err
+
+
+def test_a_piece_that_fails_its_checks_is_not_registered_with_a_warning(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_LABS", "")
+    (tmp_path / "sdpa.py").write_text((STUDENTS / "sdpa.py").read_text())
+    assert main(["lab", "start", "rotary", "--dir", str(tmp_path)]) == 0
+    try:
+        assert main(["lab", "list", "--dir", str(tmp_path), "--lab", str(tmp_path)]) == 0
+    finally:
+        labs.forget()
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"attnlab lab: warning: lab rotary of {tmp_path} is not registered: 7 check(s) fail "
+                             "(shape and dtype, position 0 is the identity")
+    assert err[0].endswith("see `attnlab lab check rotary`")
+    assert err[1] == f"attnlab lab: lab pieces from {tmp_path}: attention.kernel=lab-sdpa"
