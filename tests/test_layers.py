@@ -21,7 +21,7 @@ LAYERS: list[set[str]] = [
     {"models"},                                  # the parts composed; the builder
     {"decoding", "inspect", "interop"},          # what is done with a model (interop: save/load of folders too)
     {"training"},                                # the one loop
-    {"parallel", "finetune"},                    # on the loop
+    {"parallel", "finetune", "labs"},            # on the loop; labs: exercises graded against all of the above
     {"cli"},                                     # the command line over the library
     {"__init__"},                                # attnlab/__init__.py, the public surface: may import everything
 ]

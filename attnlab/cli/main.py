@@ -32,8 +32,8 @@ import warnings
 from collections.abc import Iterable
 from typing import NoReturn
 
-SUBCOMMANDS = ["convert", "data", "demo", "embed", "eval", "fill-mask", "finetune", "generate", "inspect", "model",
-               "parallel", "predict", "score", "tokenizer", "train", "translate"]
+SUBCOMMANDS = ["convert", "data", "demo", "embed", "eval", "fill-mask", "finetune", "generate", "inspect", "lab",
+               "model", "parallel", "predict", "score", "tokenizer", "train", "translate"]
 
 # what `attnlab --help` shows for each subcommand without importing its module; equal to the
 # help its module registers (tests/cli/test_main.py checks it)
@@ -47,6 +47,7 @@ SUMMARIES = {
     "finetune": "fine-tune a pretrained model on a classification or tagging task",
     "generate": "continue a prompt with a saved model (streams to the terminal)",
     "inspect": "look inside models: attention maps, cost, gradients, rank",
+    "lab": "self-grading exercises: write a piece of attnlab, check it, use it",
     "model": "inspect model configurations and presets",
     "parallel": "data/tensor/pipeline-parallel planning: memory per rank, communication, pipeline bubble",
     "predict": "label a CSV/JSONL file with a fine-tuned model",
@@ -57,6 +58,7 @@ SUMMARIES = {
 }
 
 DEBUG_ENV = "ATTNLAB_DEBUG"
+LABS_ENV = "ATTNLAB_LABS"  # labs folders (os.pathsep-separated) whose passing pieces every command registers
 
 
 class _Parser(argparse.ArgumentParser):
@@ -102,6 +104,10 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
     parser.add_argument("--version", action=_Version, help="print attnlab's version and exit")
     parser.add_argument("--traceback", action="store_true",
                         help=f"on an error, show the Python traceback (as {DEBUG_ENV}=1 does)")
+    parser.add_argument("--lab", action="append", metavar="DIR", default=[],
+                        help="register the passing pieces of this labs folder (attnlab lab) so that a config can "
+                             "name them: model.attention.kernel: lab-sdpa, model.position.scheme: lab-rotary "
+                             f"(repeatable; may follow the command; {LABS_ENV}=DIR does the same)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         if name in load:
@@ -112,15 +118,49 @@ def build_parser(commands: Iterable[str] | None = None) -> argparse.ArgumentPars
 
 
 def _command_of(argv: list[str]) -> str | None:
-    """The subcommand named in `argv`: its first word that is not an option (the top-level
-    options take no value), or None."""
-    return next((a for a in argv if not a.startswith("-")), None)
+    """The subcommand named in `argv`: its first word that is not an option nor the value of
+    `--lab` (the other top-level options take no value), or None."""
+    return next((a for i, a in enumerate(argv) if not a.startswith("-") and (i == 0 or argv[i - 1] != "--lab")), None)
+
+
+def _hoist_lab(argv: list[str]) -> list[str]:
+    """`--lab DIR` (or `--lab=DIR`) wherever it stands, moved before the command, where the
+    top-level parser reads it: `attnlab train run.yaml --lab labs` works as `attnlab --lab labs
+    train run.yaml`."""
+    front, rest, i = [], [], 0
+    while i < len(argv):
+        if argv[i] == "--lab" and i + 1 < len(argv):
+            front += argv[i:i + 2]
+            i += 2
+            continue
+        (front if argv[i].startswith("--lab=") else rest).append(argv[i])
+        i += 1
+    return front + rest
+
+
+def _use_labs(folders: list[str], prog: str) -> None:
+    """Register the passing lab pieces of `folders` and of $ATTNLAB_LABS; the folders go into
+    $ATTNLAB_LABS so that processes this command starts (torchrun's) register them too."""
+    env = [f for f in os.environ.get(LABS_ENV, "").split(os.pathsep) if f]
+    folders = list(dict.fromkeys(env + [os.path.abspath(f) for f in folders]))
+    if not folders:
+        return
+    from attnlab.labs import use
+
+    for folder in folders:
+        registered, skipped = use(folder)
+        for name, why in skipped.items():
+            warnings.warn(f"lab {name} of {folder} is not registered: {why}")
+        if registered and os.environ.get("RANK", "0") == "0":
+            names = ", ".join(s for settings in registered.values() for s in settings)
+            print(f"{prog}: lab pieces from {folder}: {names}", file=sys.stderr)
+    os.environ[LABS_ENV] = os.pathsep.join(folders)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run `attnlab ARGV`; returns the exit status (0, 2 for a user's error, 1 for a bug, 130 on
     Ctrl-C). Usage errors and --help/--version exit through SystemExit, as argparse does."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _hoist_lab(list(sys.argv[1:] if argv is None else argv))
     command = _command_of(argv)
     parser = build_parser([command] if command in SUBCOMMANDS else [])
     args = parser.parse_args(argv)
@@ -133,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     with warnings.catch_warnings():
         warnings.showwarning = _warning_printer(prog)
         try:
+            _use_labs(args.lab, prog)
             return args.func(args) or 0
         except KeyboardInterrupt:
             if debug:

@@ -42,6 +42,22 @@ _REGISTRIES = {
 }
 
 
+# the prefix of the names a student's lab pieces are registered under (attnlab.labs: `lab-sdpa`),
+# present only in a process that loaded the student's labs folder
+LAB_PREFIX = "lab-"
+
+
+def _seam_choice(path: str, value: Any, seam: str) -> None:
+    """`choice` among a seam's registered names; a lab piece's name that is not registered says
+    how to register it (a model saved with a student's kernel, loaded without the labs folder)."""
+    registry = _registry(seam)
+    if isinstance(value, str) and value.startswith(LAB_PREFIX) and value not in registry:
+        raise ConfigError(path, f"{value!r} is the piece of lab {value[len(LAB_PREFIX):]!r} (attnlab lab), not "
+                          "registered here: load the labs folder that holds it, `attnlab --lab DIR COMMAND ...` "
+                          "(or ATTNLAB_LABS=DIR), or attnlab.labs.use(DIR) in Python")
+    choice(path, value, registry)
+
+
 def _registry(seam: str) -> dict[str, Any]:
     """The registry of a variant seam: `kernel`, `score`, `position`, `activation` or `norm`."""
     import importlib
@@ -103,7 +119,7 @@ class AttentionConfig:
         s = "attention."
         check_types(self, "attention")
         choice(s + "score", self.score, _registry("score"))
-        choice(s + "kernel", self.kernel, _registry("kernel"))
+        _seam_choice(s + "kernel", self.kernel, "kernel")
         kernel = _registry("kernel")[self.kernel]
         self.kernel_options = _kernel_options(kernel, self.kernel_options, s + "kernel_options")
         positive(s + "num_kv_heads", self.num_kv_heads, integer=True, optional=True)
@@ -211,7 +227,7 @@ class PositionConfig:
     def __post_init__(self) -> None:
         s = "position."
         check_types(self, "position")
-        choice(s + "scheme", self.scheme, _registry("position"))
+        _seam_choice(s + "scheme", self.scheme, "position")
         choice(s + "sinusoidal_layout", self.sinusoidal_layout, SINUSOIDAL_LAYOUTS)
         choice(s + "combine", self.combine, POSITION_COMBINES)
         positive(s + "concat_dim", self.concat_dim, integer=True, optional=True)
