@@ -223,7 +223,8 @@ queries = test_ex[::4]  # 80 of the 320 test descriptions, 10 per section
 start = time.perf_counter()
 for k in (0, 1, 2):
     accuracy, answers = few_shot_accuracy(k, queries)
-    print(f"k = {k}: accuracy {accuracy:.3f} (chance {1 / len(sections):.3f}); answers given: {dict(answers.most_common())}")
+    print(f"k = {k}: accuracy {accuracy:.3f} (chance {1 / len(sections):.3f}); "
+          f"answers given: {dict(answers.most_common())}")
 print(f"({time.perf_counter() - start:.0f} s)")
 
 # %% [markdown]

@@ -151,7 +151,8 @@ for name, options in patterns.items():
 T = 256
 x = torch.randn(1, T, 64)
 dense = MultiHeadAttention(64, 4, kernel="sdpa")
-for name, options in {"linformer": {"k": 32, "max_len": T}, "memory_compressed": {"compression": 4, "alternate": False}}.items():
+compressing = {"linformer": {"k": 32, "max_len": T}, "memory_compressed": {"compression": 4, "alternate": False}}
+for name, options in compressing.items():
     torch.manual_seed(0)
     layer = MultiHeadAttention(64, 4, kernel=build_kernel(name, options, KernelSetup(num_heads=4, head_dim=16)))
     dense.load_state_dict({k: v for k, v in layer.state_dict().items() if k in dense.state_dict()})
@@ -231,9 +232,10 @@ for ax in (ax_t, ax_m):
 ax_m.legend(fontsize=8); plt.tight_layout(); plt.show()
 print("growth over the last doubling, 1024 -> 2048:")
 for name in sweep:
-    print(f"  {name:18s} time x{timing[name][-1] / timing[name][-2]:.2f}   memory x{memory[name][-1] / memory[name][-2]:.2f}")
+    print(f"  {name:18s} time x{timing[name][-1] / timing[name][-2]:.2f}   "
+          f"memory x{memory[name][-1] / memory[name][-2]:.2f}")
 fastest = min(sweep, key=lambda n: timing[n][-1])
-print(f"fastest at T={lengths[-1]}: {fastest} ({timing[fastest][-1]:.0f} ms against sdpa's {timing['sdpa'][-1]:.0f} ms)")
+print(f"fastest at T={lengths[-1]}: {fastest} ({timing[fastest][-1]:.0f} ms; sdpa {timing['sdpa'][-1]:.0f} ms)")
 
 # %% [markdown]
 # What to read from it: over the last doubling `eager`'s saved memory grows about 3.4x, on its
@@ -272,7 +274,8 @@ with torch.no_grad():
         pieces.append(logits)
 torch.testing.assert_close(torch.cat(pieces[:2], 1), full[:, :32])
 print("segments 1-2 == full forward; memory per layer:", tuple(mems[0].shape))
-print(f"segment 3 vs full forward: max difference {(pieces[2] - full[:, 32:]).abs().max():.3f} (it cannot see segment 1)")
+gap = (pieces[2] - full[:, 32:]).abs().max()
+print(f"segment 3 vs full forward: max difference {gap:.3f} (it cannot see segment 1)")
 
 # %% [markdown]
 # `attnlab train CONFIG --model.memory_len 64` trains through the same recurrence; on Shakespeare
@@ -296,7 +299,8 @@ for experts, top_k in [(0, 1), (4, 1), (8, 1), (8, 2), (16, 2)]:
 base_params, base_flops = rows[0][2], rows[0][3]
 print("experts  top_k  feed-forward params  (x dense)   FLOPs at T=256  (x dense)")
 for experts, top_k, params, flops in rows:
-    print(f"{experts:7d}  {top_k:5d}  {params:19,}  {params / base_params:8.1f}x  {flops:15,}  {flops / base_flops:8.2f}x")
+    print(f"{experts:7d}  {top_k:5d}  {params:19,}  {params / base_params:8.1f}x  "
+          f"{flops:15,}  {flops / base_flops:8.2f}x")
 
 moe = attnlab.build_model(attnlab.presets.get("tiny-decoder", moe={"num_experts": 4, "top_k": 2})).eval()
 with torch.no_grad():
