@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Iterator
 
-from common import cell, code, text_block
+from markdown_cells import cell, code, text_block
 
 
 def commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ("attnlab",)

@@ -28,7 +28,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from common import cell, code
+from markdown_cells import cell, code
 
 MISSING = dataclasses.MISSING
 

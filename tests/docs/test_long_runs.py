@@ -42,12 +42,14 @@ def test_the_slurm_script_checkpoints_on_the_warning_and_requeues(tmp_path):
     log = open(tmp_path / "job.log", "w")
     job = subprocess.Popen(["bash", "job.sh"], cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
-    while "step" not in (tmp_path / "job.log").read_text() and time.monotonic() < deadline and job.poll() is None:
+    # a step logged ("step N/M | loss ..."): the handler is installed; the setup line says "steps" earlier
+    while "| loss " not in (tmp_path / "job.log").read_text() and time.monotonic() < deadline and job.poll() is None:
         time.sleep(0.2)
     job.send_signal(signal.SIGUSR1)  # SLURM's warning, to the batch script (B:)
     assert job.wait(timeout=120) == 138, (tmp_path / "job.log").read_text()[-2000:]
     assert (tmp_path / "scontrol.log").read_text() == "requeue 42\n"
     output = (tmp_path / "job.log").read_text()
+    assert "stopped by SIGUSR1 after step " in output, output[-3000:]
     step = int(output.split("stopped by SIGUSR1 after step ")[1].split(";")[0])
     assert (tmp_path / "runs" / "char-gpt" / "checkpoints" / f"step-{step:08d}").is_dir()
     # the requeued job: the same script, stopped again right away, goes on from that step

@@ -15,10 +15,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "docs" / "tools"))
-
-import cli_page  # noqa: E402
-import config_page  # noqa: E402
+TOOLS = str(ROOT / "docs" / "tools")
+sys.path.insert(0, TOOLS)  # the generators import their sibling markdown_cells
+try:
+    import cli_page  # noqa: E402
+    import config_page  # noqa: E402
+finally:
+    sys.path.remove(TOOLS)  # the rest of the suite must not import from docs/tools by accident
 
 
 def _sections(page: str) -> dict[str, str]:
