@@ -213,7 +213,8 @@ print("measured growth over 30 steps:", float(lin[-31] / lin[-1]), " bound 1.1**
 #   gradient far when the forget gate is near 1, which training (or a forget-gate bias of 1)
 #   arranges. The gates *allow* long memory; they do not guarantee it.
 # - The **Transformer** connects every position to the loss through one attention step: the
-#   gradient at position 0 is of the same order as at the last position.
+#   gradient does not decay with distance — position 0 gets as much as the position just before
+#   the loss (the last position's own input gets more, through the residual path).
 #
 # On a trained translation model, `attnlab.inspect.source_gradient_norms` measures how much of
 # the target's loss reaches each source word; the `rnn_vs_transformer` study in the

@@ -358,13 +358,15 @@ plt.show()
 # %% [markdown]
 # **What this budget shows, honestly.** After a few hundred steps the losses have dropped from
 # ln(1000) ≈ 6.9 to somewhere above 4: the models have learned frequent words and the start of
-# a sentence, not yet to translate. The alignments are correspondingly rough: some rows find
-# the matching source word (names, numbers, words that BPE leaves intact), many spread their
-# weight or sit on the end token, and the distance from the diagonal is only somewhat better
-# than chance. Alignment emerges with training: the `rnn_vs_transformer` study in the
-# [studies](../studies/index.md) trains these models for 40 CPU-minutes on Bible verses, where
-# Luong's LSTM model reaches BLEU 24.8 on held-out verses. Whether
-# attention *explains* a prediction is a further question (Jain & Wallace 2019; Wiegreffe &
+# a sentence, not yet to translate. The alignments are correspondingly rough. Bahdanau's weights
+# are still spread almost evenly over the source (so its argmax, and its distance above, are
+# nearly arbitrary); Luong's lock onto the first word ("Ich" on "I", "Die" on the first piece of
+# "Time") and then often rest on the final full stop or the end token — a model that has learned
+# where sentences start and stop, not yet which word translates which. Both distances from the
+# diagonal are only somewhat better than the untrained model's. Alignment emerges with training:
+# the `rnn_vs_transformer` study in the [studies](../studies/index.md) trains these models for
+# 40 CPU-minutes on Bible verses, where Luong's LSTM model reaches BLEU 24.8 on held-out verses.
+# Whether attention *explains* a prediction is a further question (Jain & Wallace 2019; Wiegreffe &
 # Pinter 2019): plotting weights is not measuring faithfulness.
 
 # %% [markdown]

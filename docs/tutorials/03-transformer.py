@@ -220,9 +220,10 @@ p = torch.arange(T)[None]
 t5 = T5RelativeBias(num_heads=4, num_buckets=8, max_distance=16, bidirectional=True)
 nn.init.normal_(t5.weight, std=1.0)  # trained values would be learned; random ones show the buckets
 fig, axes = plt.subplots(1, 3, figsize=(11, 3))
-axes[0].imshow(ALiBi(4)(p, p)[0, 0].detach(), cmap="viridis")
+alibi = ALiBi(4)(p, p)[0]  # (H, T, T): -slope_h * |i - j|, slopes 1/4, 1/16, 1/64, 1/256
+axes[0].imshow(alibi[0], cmap="viridis", vmin=-3.75, vmax=0)  # one colour scale for both heads
 axes[0].set_title("ALiBi bias, head 0 (slope 1/4)")
-axes[1].imshow(ALiBi(4)(p, p)[0, 3].detach(), cmap="viridis")
+axes[1].imshow(alibi[3], cmap="viridis", vmin=-3.75, vmax=0)
 axes[1].set_title("ALiBi bias, head 3 (slope 1/256)")
 axes[2].imshow(t5(p, p)[0, 0].detach(), cmap="viridis")
 axes[2].set_title("T5 bias: one value per bucket")
