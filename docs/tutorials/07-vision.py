@@ -30,12 +30,14 @@
 
 # %%
 # Colab or a fresh Jupyter: install attnlab when it is not importable (a no-op where it is).
+# ATTNLAB_PIP names what to install (a git URL or a local checkout); "attnlab" by default.
 import importlib.util
+import os
 import subprocess
 import sys
 
 if importlib.util.find_spec("attnlab") is None:
-    subprocess.check_call([sys.executable, "-m", "pip", "install", "--quiet", "attnlab"])
+    subprocess.check_call([sys.executable, "-m", "pip", "install", "-q", os.environ.get("ATTNLAB_PIP", "attnlab")])
 
 # %%
 import json

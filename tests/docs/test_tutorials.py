@@ -23,7 +23,8 @@ def cells(text: str) -> list[tuple[str, str]]:
 
 def test_the_tutorials_of_this_part_are_there():
     names = {f.name for f in FILES}
-    for name in ("05-fine-tuning.py", "06-x-formers.py", "07-vision.py", "08-scale.py"):
+    for name in ("01-rnns.py", "02-attention.py", "03-transformer.py", "04-pretraining.py", "05-fine-tuning.py",
+                 "06-x-formers.py", "07-vision.py", "08-scale.py"):
         assert name in names
 
 
