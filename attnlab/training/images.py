@@ -3,8 +3,10 @@
     task = ImageClassificationTask(x_train, y_train, batch_size=64, valid=(x_test, y_test), seed=0)
     Trainer(config, task=task, model=VisionEncoder(VisionConfig())).fit()
 
-Any model that maps images (B, C, H, W) to logits (B, K) trains on it: the ViT of
-attnlab.models.vision, or a convolutional baseline. The loss of a batch is the mean cross-entropy
+The task's batches and loss serve any model that maps images (B, C, H, W) to logits (B, K):
+the ViT of attnlab.models.vision, or a convolutional or MLP baseline in a loop of its own (as
+examples/vit_digits does). The Trainer itself takes an attnlab model: it reads the model's
+config (d_model for the schedule, the config saved with each checkpoint). The loss of a batch is the mean cross-entropy
 over its images, so its weight (attnlab.training.task) is the number of images.
 
 Data order: epoch e visits the training images in the e-th permutation drawn from a generator
