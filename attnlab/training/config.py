@@ -99,6 +99,10 @@ class DataConfig:
     path for validation (built-in corpora bring their own split), or valid_fraction: that share
     of your source held out for validation instead (how: attnlab.training.pipeline.SourceSplit).
 
+    seq_len: tokens per row (window objectives). Left out of a config, 256, or position.max_len
+    where the model's learned or binary position table ends sooner (tiny-decoder: 64); a longer
+    row than such a table holds is refused at load (`check_positions`).
+
     pack (causal_lm): how documents fill the rows of seq_len tokens (attnlab.data.packing).
     `plain` cuts windows anywhere in the stream of documents joined by EOS, each token attending
     to all before it, across documents; `document_masked` cuts the same windows but keeps the
@@ -114,7 +118,7 @@ class DataConfig:
     valid: str | None = None
     valid_fraction: float | None = None  # e.g. 0.05; in place of `valid`, for your own data
     objective: str = "causal_lm"  # a key of attnlab.training.objectives.OBJECTIVES
-    seq_len: int = 256
+    seq_len: int = 256  # left out of a config: at most a learned/binary table's position.max_len
     batch_size: int = 32
     pack: str = "plain"  # causal_lm rows: plain | document_masked | pad (see the docstring)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
@@ -194,6 +198,24 @@ class DataConfig:
             raise ConfigError("data.pack", f"'document_masked' needs an attention kernel that takes a dense mask "
                               f"({dense}); attention.kernel={model.attention.kernel!r} applies its own sparse "
                               "pattern")
+
+    def check_positions(self, model: ModelConfig) -> None:
+        """A window must fit a position table: `learned` and `binary` positions end at
+        model.position.max_len, so longer rows (data.seq_len: each objective's `row_lengths`)
+        failed at the first step, after the corpus was read and tokenised. Refused here, where both
+        sections are known.
+
+        Raises:
+            ConfigError: naming data.seq_len and model.position.max_len.
+        """
+        position, objective = model.position, OBJECTIVES[self.objective]
+        if model.arch == "rnn_encoder_decoder" or position.scheme not in TABLE_POSITIONS or objective.pairs:
+            return  # pairs: only a pair as long as max_pair_len reaches the end (not checked yet)
+        longest = max(n for n in objective.row_lengths(self) if n is not None)
+        if longest > position.max_len:
+            raise ConfigError("data.seq_len", f"rows of up to {longest} tokens do not fit {position.scheme} positions "
+                              f"of model.position.max_len={position.max_len} (the table ends there); lower "
+                              "data.seq_len or raise model.position.max_len")
 
     def _check_bpe_size(self) -> None:
         """A byte-level BPE holds the 256 bytes and the objective's special tokens before any
@@ -404,12 +426,34 @@ def objective_fields(objective: str, nsp: bool, arch: str, span_boundary: bool =
     return spec.model_fields(nsp, span_boundary)
 
 
+# position schemes whose table ends at position.max_len (attnlab.nn.positions)
+TABLE_POSITIONS = ("learned", "binary")
+
+
+def _seq_len_within_table(section: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
+    """data.seq_len left out follows the model: its default (256) where the positions allow it,
+    position.max_len where a learned or binary table ends sooner (tiny-decoder's 64), so that the
+    default run trains instead of failing at its first step."""
+    position = model.get("position")
+    if "seq_len" in section or not isinstance(position, dict) or position.get("scheme") not in TABLE_POSITIONS:
+        return section
+    max_len = position.get("max_len")
+    if isinstance(max_len, int) and 0 < max_len < DataConfig.seq_len:
+        return {**section, "seq_len": max_len}
+    return section
+
+
+def _default_data() -> DataConfig:
+    """The data section of TrainConfig() as a config file without one gets it (`expand_dict`)."""
+    return DataConfig(**_seq_len_within_table({}, TrainModelConfig.expand_dict({"preset": DEFAULT_PRESET})))
+
+
 @dataclass
 class TrainConfig:
     """A whole run; `model` is resolved on load (see the module docstring)."""
 
     model: TrainModelConfig = field(default_factory=lambda: TrainModelConfig.from_dict({"preset": DEFAULT_PRESET}))
-    data: DataConfig = field(default_factory=DataConfig)
+    data: DataConfig = field(default_factory=lambda: _default_data())  # seq_len within the preset's table
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     train: RunConfig = field(default_factory=RunConfig)
@@ -425,6 +469,7 @@ class TrainConfig:
             except ConfigError as err:
                 raise err.moved("", "model") from None
         self.data.check_model(self.model)  # data.pack against the kernel and memory_len
+        self.data.check_positions(self.model)  # rows against a position table's end
         if self.model.add_special_tokens and not self.model.init_from:
             raise ConfigError("model.add_special_tokens", "needs model.init_from (tokens are added to a pretrained "
                               "model's tokenizer); a tokenizer trained by the run takes its tokens from the data")
@@ -446,13 +491,14 @@ class TrainConfig:
             model = TrainModelConfig.expand_dict(model)
         except ConfigError as err:
             raise err.moved("", "model") from None
+        section = _seq_len_within_table(section, model)
         objective, nsp = section.get("objective", DataConfig.objective), section.get("nsp", DataConfig.nsp)
         arch = model.get("arch", ModelConfig.arch)
         known = isinstance(objective, str) and objective in OBJECTIVES  # a list is unhashable: the type check says so
         sbo = section.get("span_boundary", DataConfig.span_boundary)
         if known and isinstance(nsp, bool) and isinstance(sbo, bool) and arch != "rnn_encoder_decoder":
             model = {**model, **objective_fields(objective, nsp, arch, sbo)}  # anything else: __post_init__ says why
-        return {**data, "model": model}
+        return {**data, "model": model, "data": section}  # a data section left out: DataConfig's own defaults
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":

@@ -199,7 +199,9 @@ def test_init_from_reads_an_attnlab_folder_without_its_weights(tmp_path):
     saved = _saved_model(tmp_path / "m")
     (tmp_path / "m" / "model.safetensors").unlink()  # the config alone is read
     assert read_init_config(tmp_path / "m") == saved
-    cfg = TrainConfig.from_dict({"model": {"init_from": str(tmp_path / "m")}, "train": {"max_steps": 500}})
+    # seq_len within the saved model's learned table (64): 256 is refused once the folder is read
+    cfg = TrainConfig.from_dict({"model": {"init_from": str(tmp_path / "m")}, "data": {"seq_len": 64},
+                                 "train": {"max_steps": 500}})
     assert cfg.model.num_layers != 3  # the section holds defaults until resolved
     resolved = resolve_init_from(cfg)
     assert resolved.model_config() == saved and resolved.model.init_from == str(tmp_path / "m")
@@ -243,3 +245,26 @@ def test_init_from_refuses_a_folder_or_architecture_that_does_not_fit(tmp_path):
     (tmp_path / "bad" / "config.json").write_text('{"arch": "decoder", "num_layers": -2}')
     with pytest.raises(ValueError, match=r"bad/config\.json: num_layers"):
         resolve_init_from(TrainConfig.from_dict({"model": {"init_from": str(tmp_path / "bad")}}))
+
+
+@pytest.mark.parametrize("scheme", ["learned", "binary"])
+def test_windows_longer_than_a_position_table_are_refused_at_load(scheme):
+    """tiny-decoder's table ends at 64: data.seq_len 128 failed at the first step, after the corpus
+    was read and tokenised (found following the docs as a new user)."""
+    model = {"preset": "tiny-decoder", "position": {"scheme": scheme, "max_len": 64}}
+    assert TrainConfig.from_dict({"model": model, "data": {"seq_len": 64}}).data.seq_len == 64
+    with pytest.raises(ValueError, match=r"data.seq_len: rows of up to 65 tokens .* model.position.max_len=64"):
+        TrainConfig.from_dict({"model": model, "data": {"seq_len": 65}})
+    TrainConfig.from_dict({"model": {**model, "position": {"scheme": "rotary"}}, "data": {"seq_len": 4096}})
+
+
+def test_seq_len_left_out_follows_a_shorter_table():
+    """The default run (tiny-decoder: learned positions, 64) trains: seq_len left out is 64 there,
+    256 where the positions allow it; written out, the run's config says which."""
+    assert TrainConfig().data.seq_len == 64
+    assert TrainConfig.from_dict({"data": {"source": "x.txt"}}).data.seq_len == 64
+    assert TrainConfig.from_dict({"model": {"preset": "tiny-decoder", "position": {"scheme": "rotary"}}}).data.seq_len \
+        == 256
+    wide = {"preset": "tiny-decoder", "position": {"scheme": "learned", "max_len": 1024}}
+    assert TrainConfig.from_dict({"model": wide}).data.seq_len == 256
+    assert TrainConfig.from_dict(TrainConfig().to_dict()).data.seq_len == 64
