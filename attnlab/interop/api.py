@@ -22,29 +22,12 @@ from typing import Any
 from torch import Tensor, nn
 
 from attnlab.config import ModelConfig
-from attnlab.interop import bart, bert, gpt2, marian, t5
 from attnlab.interop.common import state_from_hf, state_to_hf
+from attnlab.interop.families import FAMILIES, family_of, folder_architecture, supported_architectures
 from attnlab.interop.files import read_weights
 from attnlab.interop.special import special_token_ids, tokenizer_config
 from attnlab.io.files import atomic_folder, json_text, read_json
 from attnlab.io.weights import SAFETENSORS, load_state, write_safetensors
-
-FAMILIES: tuple[ModuleType, ...] = (gpt2, bert, t5, marian, bart)
-_BY_ARCHITECTURE = {arch: fam for fam in FAMILIES for arch in fam.ARCHITECTURES}
-_DEFAULT_ARCHITECTURE = {fam.MODEL_TYPE: next(iter(fam.ARCHITECTURES)) for fam in FAMILIES}
-
-
-def supported_architectures() -> list[str]:
-    """Hugging Face class names `from_hf` converts."""
-    return list(_BY_ARCHITECTURE)
-
-
-def _family(architecture: str) -> ModuleType:
-    if architecture not in _BY_ARCHITECTURE:
-        raise ValueError(f"unsupported architecture {architecture!r}; attnlab converts "
-                         f"{', '.join(_BY_ARCHITECTURE)}")
-    return _BY_ARCHITECTURE[architecture]
-
 
 def from_state(hf_config: dict[str, Any], architecture: str, state: dict[str, Tensor], *,
                source: str = "the checkpoint") -> nn.Module:
@@ -54,7 +37,7 @@ def from_state(hf_config: dict[str, Any], architecture: str, state: dict[str, Te
         ValueError: unsupported architecture or option; missing, unexpected or mis-shaped
             tensors (named, with `source`).
     """
-    family = _family(architecture)
+    family = family_of(architecture)
     if hf_config.get("model_type", family.MODEL_TYPE) != family.MODEL_TYPE:
         raise ValueError(f"{source}: model_type={hf_config.get('model_type')!r} does not match "
                          f"architecture {architecture!r}")
@@ -66,18 +49,6 @@ def from_state(hf_config: dict[str, Any], architecture: str, state: dict[str, Te
     ours = state_from_hf(state, family.conversion(cfg, architecture), source=source, expected=shapes)
     load_state(model, ours, source=source)
     return model.eval()
-
-
-def folder_architecture(hf_config: dict[str, Any], source: str) -> str:
-    """The class a Hugging Face config.json describes (`architectures`, else `model_type`)."""
-    names = hf_config.get("architectures") or []
-    if names:
-        return names[0]
-    model_type = hf_config.get("model_type")
-    if model_type in _DEFAULT_ARCHITECTURE:
-        return _DEFAULT_ARCHITECTURE[model_type]
-    raise ValueError(f"{source}: unsupported model_type {model_type!r}; attnlab converts "
-                     f"{', '.join(_DEFAULT_ARCHITECTURE)}")
 
 
 def from_hf(model_or_path: Any) -> nn.Module:
@@ -108,7 +79,7 @@ def from_hf(model_or_path: Any) -> nn.Module:
         hf_config = read_json(folder / "config.json")
         architecture = folder_architecture(hf_config, str(folder / "config.json"))
         try:
-            _family(architecture)  # fail on the architecture before reading gigabytes
+            family_of(architecture)  # fail on the architecture before reading gigabytes
         except ValueError as err:
             raise ValueError(f"{folder}: {err}") from None
         state, file = read_weights(folder)
@@ -116,7 +87,7 @@ def from_hf(model_or_path: Any) -> nn.Module:
     if not isinstance(model_or_path, nn.Module) or not hasattr(model_or_path, "config"):
         raise TypeError(f"from_hf expects a transformers model or a folder path, got {type(model_or_path).__name__}")
     architecture = type(model_or_path).__name__
-    _family(architecture)
+    family_of(architecture)
     return from_state(model_or_path.config.to_dict(), architecture, model_or_path.state_dict(),
                       source=f"{architecture}.state_dict()")
 

@@ -142,7 +142,7 @@ def _check_config(name: str, config: Path) -> None:
     Raises:
         HubError: neither, naming the model and the architectures attnlab converts.
     """
-    from attnlab.interop.api import folder_architecture, supported_architectures
+    from attnlab.interop.families import folder_architecture, supported_architectures
 
     data = read_json(config)
     if "arch" in data:  # saved by attnlab.save and uploaded

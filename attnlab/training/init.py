@@ -167,7 +167,7 @@ def read_init_config(path: str | os.PathLike) -> ModelConfig:
     folder = _init_folder(path, config_only=True)  # a Hub model's weights are fetched when the run loads them
     data = read_json(folder / "config.json")
     if "arch" not in data and "model_type" in data:  # a Hugging Face folder
-        from attnlab.interop.api import FAMILIES, folder_architecture, supported_architectures
+        from attnlab.interop.families import FAMILIES, folder_architecture, supported_architectures
 
         architecture = folder_architecture(data, str(folder / "config.json"))
         family = next((f for f in FAMILIES if architecture in f.ARCHITECTURES), None)
