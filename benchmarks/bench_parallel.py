@@ -73,7 +73,7 @@ def main() -> None:
     args = dict(d_model=256, layers=4, seq_len=128, batch=16, warmup=2, steps=5, repeats=opts.repeats)
     if opts.quick:
         args.update(d_model=128, layers=2, seq_len=64, steps=3, repeats=2)
-    from attnlab.training.distributed import ParallelContext
+    from attnlab.training.strategy.distributed import ParallelContext
 
     torch.set_num_threads(2)
     before = _train(ParallelContext(), args)  # the single process runs before and after the DDP

@@ -78,7 +78,7 @@ def build(side: str, args: argparse.Namespace):
     """The model of `side` (fresh random weights), its training step (one batch -> loss value),
     and its loss (one batch -> loss tensor)."""
     from attnlab.interop import from_hf
-    from attnlab.training.steps import batch_loss
+    from attnlab.training.tasks.batch_loss import batch_loss
 
     from transformers import MarianMTModel
 

@@ -98,13 +98,13 @@ def main() -> None:
         os.environ["ATTNLAB_CACHE"] = str(Path(tmp) / "cache")  # token files of this run only
         from attnlab import build_model, presets
         from attnlab.training.config import DataConfig
-        from attnlab.training.pipeline import Pipeline
+        from attnlab.training.data.batches import DataPipeline
 
         pipes = {}
         for mode in MODES:
             cfg = DataConfig(source=str(train_path), valid=str(valid_path), seq_len=args.seq_len,
                              batch_size=args.batch, pack=mode)
-            pipes[mode] = Pipeline.build(cfg, Path(tmp) / "run", show_progress=False)  # one tokenizer, one cache
+            pipes[mode] = DataPipeline.build(cfg, Path(tmp) / "run", show_progress=False)  # one tokenizer, one cache
         tok = pipes["plain"].tokenizer
         model_cfg = presets.get("tiny-decoder", vocab_size=tok.vocab_size, pad_token_id=pipes["pad"].pad_id,
                                 d_model=args.d_model, num_layers=args.layers, num_heads=4, d_ff=4 * args.d_model,

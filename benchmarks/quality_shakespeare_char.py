@@ -138,7 +138,7 @@ class Attnlab:
         self.done += 1
 
     def val_loss(self, windows: torch.Tensor) -> float:
-        from attnlab.training.steps import batch_loss
+        from attnlab.training.tasks.batch_loss import batch_loss
 
         model = self.trainer.model
         return _mean_nll(model, lambda x, y: batch_loss(model, {"input_ids": x, "labels": y}), windows)
@@ -228,9 +228,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     from attnlab.cli.demo import demo_config
     from attnlab.training import TrainConfig
-    from attnlab.training.pipeline import Pipeline
+    from attnlab.training.data.batches import DataPipeline
 
-    pipe = Pipeline.build(TrainConfig.from_dict(demo_config(10, args.out)).data, args.out, show_progress=False)
+    pipe = DataPipeline.build(TrainConfig.from_dict(demo_config(10, args.out)).data, args.out, show_progress=False)
     records = []
     for minutes in args.minutes:
         for seed in args.seeds:

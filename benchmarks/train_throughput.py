@@ -48,7 +48,7 @@ def hf_model(vocab: int, T: int):
 
 def make_step(kind: str, model, precision: str, hf_optimizer: str = "fused"):
     from attnlab.training.optim import build_optimizer
-    from attnlab.training.steps import batch_loss
+    from attnlab.training.tasks.batch_loss import batch_loss
 
     if kind == "attnlab":
         opt = build_optimizer(model, "adamw", lr=1e-4, weight_decay=0.1)

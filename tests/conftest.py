@@ -54,9 +54,9 @@ def _seed():
 def _auto_precision_is_fp32(monkeypatch):
     """`precision: auto` (the default) picks bf16 on a CPU with bf16 instructions: in tests it picks
     fp32 on every machine, so results compared with fp32 references do not depend on the CPU
-    (tests/training/test_precision.py mocks the capability both ways). Processes the tests start
+    (tests/training/setup/test_precision.py mocks the capability both ways). Processes the tests start
     see the real capability."""
-    from attnlab.training import precision
+    from attnlab.training.setup import precision
 
     monkeypatch.setattr(precision, "native_bf16", lambda device: False)
 

@@ -62,7 +62,7 @@ def read_run(folder: Path) -> tuple[Any, Path, Path]:
     folder; the checkpoint is found as `attnlab eval` and `attnlab.load` find it (the best)."""
     from attnlab.config import ModelConfig
     from attnlab.models import build_model
-    from attnlab.training.checkpoint import load_checkpoint, resolve_checkpoint
+    from attnlab.io.checkpoints import load_checkpoint, resolve_checkpoint
 
     checkpoint = resolve_checkpoint(folder, "best")
     run = checkpoint.parent.parent

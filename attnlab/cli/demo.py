@@ -130,7 +130,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from attnlab.training.threads import MAX_THREADS
+    from attnlab.training.setup.threads import MAX_THREADS
 
     if args.steps is not None and args.steps <= 0:
         raise ValueError(f"--steps must be positive, got {args.steps}")

@@ -20,7 +20,7 @@ def evaluate_checkpoint(path: str, which: str = "best", batches: int | None = No
     from attnlab.config import ModelConfig
     from attnlab.io.files import read_json
     from attnlab.models import build_model
-    from attnlab.training.checkpoint import load_checkpoint, resolve_checkpoint
+    from attnlab.io.checkpoints import load_checkpoint, resolve_checkpoint
     from attnlab.training.config import TrainConfig
     from attnlab.training.trainer import Trainer
 

@@ -15,7 +15,7 @@ Errors reach the user as one line, never a traceback (see `describe_error`):
     attnlab CMD: internal error: MESSAGE   exit 1: a bug in attnlab (please report it)
     attnlab CMD: interrupted               exit 130: Ctrl-C
     (train, finetune) stopped by SIGTERM     exit 128 + the signal's number: 143 SIGTERM, 138 SIGUSR1,
-                                           after a checkpoint (attnlab.training.signals)
+                                           after a checkpoint (attnlab.training.run.signals)
 
 `ATTNLAB_DEBUG=1` in the environment (or `attnlab --traceback CMD ...`) lets the exception
 through with its traceback. Warnings print as one line too: `attnlab CMD: warning: MESSAGE`.

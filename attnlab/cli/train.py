@@ -93,9 +93,9 @@ def resolve(config_path: str, overrides: list[tuple[str, object]], *, resume: bo
             differs from the one the run in out_dir was trained with (the weights would not fit).
         FileNotFoundError: no such file, or a folder without config.json.
     """
-    from attnlab.training.checkpoint import saved_run_config
+    from attnlab.io.checkpoints import saved_run_config
     from attnlab.training.config import TrainConfig
-    from attnlab.training.init import resolve_init_from
+    from attnlab.training.setup.start import resolve_init_from
 
     path = _config_file(Path(config_path))
     data = load_config_file(path)
@@ -124,7 +124,7 @@ def _check_same_model(cfg: TrainConfig, *, from_run: bool) -> None:
     than its own, or another tokenizer: the checkpoint would not load (a size mismatch), or the
     saved tokenizer.json would silently win. Changes that keep every shape (dropout, the attention
     kernel) are allowed."""
-    from attnlab.training.checkpoint import saved_run_config
+    from attnlab.io.checkpoints import saved_run_config
     from attnlab.training.config import TrainConfig, absolute_paths
 
     out = Path(cfg.train.out_dir)
@@ -240,7 +240,7 @@ def _main(args: argparse.Namespace) -> int:
     from attnlab.io.files import json_text
     from attnlab.io.lock import RunLock
     from attnlab.parallel.mesh import MeshTraining
-    from attnlab.training.distributed import CollectiveError
+    from attnlab.training.strategy.distributed import CollectiveError
     from attnlab.training.trainer import NonFiniteLossError, Trainer, TrainingInterrupted
 
     # one writer per out_dir, from the data preparation (it writes tokenizer.json) to the end

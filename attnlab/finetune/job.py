@@ -59,7 +59,7 @@ from attnlab.finetune.tokens import encode_word_labels, read_word_examples, word
 from attnlab.io.files import atomic_folder, atomic_write_text, json_text
 from attnlab.io.lock import RunLock
 from attnlab.tokenizers.char import UnknownCharacters
-from attnlab.training.threads import MAX_THREADS, set_threads
+from attnlab.training.setup.threads import MAX_THREADS, set_threads
 
 LABELS_FILE = "labels.json"
 SETTINGS_FILE = "finetune.json"
@@ -210,7 +210,7 @@ def _run_job(job: FinetuneJobConfig, config: dict[str, Any] | FinetuneJobConfig,
     def resolve(p: str | None) -> Path | None:
         return _resolve(base, p)
 
-    set_threads("threads", job.threads)  # capped to the CPUs, with a warning (attnlab.training.threads)
+    set_threads("threads", job.threads)  # capped to the CPUs, with a warning (attnlab.training.setup.threads)
     data, head = job.data, job.head
     if head == "token_classification":
         words = {"words_column": data.text_column or "words", "labels_column": data.label_column or "labels"}

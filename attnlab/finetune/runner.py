@@ -30,7 +30,7 @@ from attnlab.finetune.task import FinetuneTask, model_inputs
 from attnlab.config.load import to_dict
 from attnlab.config.validate import ConfigError, check_types, choice, in_range, non_negative, positive, sub_config
 from attnlab.training.config import DEVICES, NAN_POLICIES, PRECISIONS, LoraConfig, TrainConfig
-from attnlab.training.steps import autocast
+from attnlab.training.tasks.batch_loss import autocast
 from attnlab.training.trainer import Trainer
 
 
@@ -45,7 +45,7 @@ class Recipe:
     probe are checkpointed too); nan_policy: stop or skip a step whose loss is not finite;
     precision: bf16 (or fp16, loss-scaled) autocasts the forward passes (weights and optimizer stay
     fp32), auto picks bf16 where the device runs it natively and fp32 elsewhere
-    (attnlab.training.precision). tensorboard, compile, activation_checkpointing: as the `train`
+    (attnlab.training.setup.precision). tensorboard, compile, activation_checkpointing: as the `train`
     section's fields of the same names.
     lora: train LoRA adapters instead of the backbone's weights (attnlab.training.config.LoraConfig:
     rank, alpha, dropout, target_modules); the new task head trains in full beside them.
@@ -76,7 +76,7 @@ class Recipe:
     device: str = "auto"  # auto | cpu | cuda
     lora: LoraConfig | None = None  # e.g. {rank: 8, alpha: 16, target_modules: [q, v]}
     tensorboard: bool = False  # event files in each run folder's tensorboard/ (pip install 'attnlab[tensorboard]')
-    compile: bool = False  # torch.compile each layer (attnlab.training.speedups)
+    compile: bool = False  # torch.compile each layer (attnlab.training.setup.speedups)
     activation_checkpointing: bool = False  # recompute each layer in backward: less memory, one more forward
 
     def __post_init__(self):
@@ -241,7 +241,7 @@ def predict(model: nn.Module, tokenizer: Any, examples: Sequence[Example], *, ma
     """Head outputs of a fine-tuned model for examples, in order (eval mode; mode restored).
 
     `precision` "bf16" runs the forward passes under bf16 autocast, "auto" where the device runs
-    bf16 natively (attnlab.training.precision). The default stays fp32: the full-precision
+    bf16 natively (attnlab.training.setup.precision). The default stays fp32: the full-precision
     outputs `attnlab predict` writes; a Finetuner passes the precision its run resolved."""
     was_training = model.training
     model.eval()

@@ -17,7 +17,7 @@ with `seed`; a batch that crosses an epoch's end continues in the next one. The 
 (permutations drawn, index within the current one) is the task's checkpoint state, so a
 resumed run takes the same batches.
 
-Weight of a batch (attnlab.training.task): its examples for sequence classification and
+Weight of a batch (attnlab.training.tasks.protocol): its examples for sequence classification and
 regression, its labelled sub-tokens (one per word) for token classification.
 """
 
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.finetune.recipes import freeze, llrd_param_groups, reinit_top_layers
-from attnlab.training.task import StepLoss
+from attnlab.training.tasks.protocol import StepLoss
 
 IGNORE = -100
 

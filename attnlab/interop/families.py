@@ -1,7 +1,7 @@
 """The Hugging Face families attnlab converts, by class name: which module converts an
 architecture, and which architecture a config.json describes. Read by the converters
 (attnlab.interop.api), the Hub names (attnlab.interop.hub) and a run's init_from
-(attnlab.training.init) without importing the converters' entry points.
+(attnlab.training.setup.start) without importing the converters' entry points.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ See attnlab/parallel/tensor.py for what tensor parallel supports, cost.py for th
 layer communicates, checkpoint.py for full checkpoints (gather on save, shard on load); mesh.py
 for the Trainer's hooks when `attnlab train` runs a `parallel: {tp, pp, dp}` layout, layout.py
 for what such a layout asks of the run's config (`check_layout`). The process
-context (`init_from_env`, `ParallelContext`) lives in attnlab/training/distributed.py beside the
+context (`init_from_env`, `ParallelContext`) lives in attnlab/training/strategy/distributed.py beside the
 trainer's data-parallel hooks; this package builds on it.
 """
 
@@ -21,7 +21,7 @@ from attnlab.parallel.checkpoint import (gather_full_state, gather_optimizer_sta
 from attnlab.parallel.comm import copy_to_parallel, gather_from_parallel, reduce_from_parallel
 from attnlab.parallel.data import (all_reduce_gradients, all_reduce_metrics, is_main, shard_batch, shard_batches,
                                    unwrap, wrap_model)
-from attnlab.training.distributed import CollectiveError, LossModule, ParallelContext, init_from_env, shutdown
+from attnlab.training.strategy.distributed import CollectiveError, LossModule, ParallelContext, init_from_env, shutdown
 from attnlab.parallel.launch import WorkerError, free_port, spawn
 from attnlab.parallel.layout import check_layout
 from attnlab.parallel.pipeline import Pipeline

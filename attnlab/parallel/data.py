@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from attnlab.training.distributed import LossModule, ParallelContext
+from attnlab.training.strategy.distributed import LossModule, ParallelContext
 
 
 def wrap_model(model: nn.Module, ctx: ParallelContext, *, find_unused_parameters: bool = False,

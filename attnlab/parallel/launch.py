@@ -46,7 +46,7 @@ def _worker(rank: int, world: int, port: int, fn: Callable, args: tuple, tp: int
     os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(threads)
-    from attnlab.training.distributed import init_from_env, shutdown
+    from attnlab.training.strategy.distributed import init_from_env, shutdown
 
     try:
         ctx = init_from_env(tp, pp=pp, backend="gloo", timeout_s=timeout_s)
@@ -165,7 +165,7 @@ def relaunch(nproc: int, argv: list[str]) -> int:
 
     A stop signal sent to this process alone (Kubernetes signals a container's first process,
     `timeout` and `kill` the one they name) is passed on to torchrun as SIGTERM, which it forwards
-    to every rank: they checkpoint after the same step and stop (attnlab.training.signals).
+    to every rank: they checkpoint after the same step and stop (attnlab.training.run.signals).
     Ctrl-C is not passed on: the terminal signals torchrun and the ranks itself.
 
     Returns:
@@ -175,7 +175,7 @@ def relaunch(nproc: int, argv: list[str]) -> int:
     import signal
     import subprocess
 
-    from attnlab.training.signals import STOP_SIGNALS, exit_status
+    from attnlab.training.run.signals import STOP_SIGNALS, exit_status
 
     print("launching: " + " ".join(torchrun_command(nproc, argv)), flush=True)
     proc = subprocess.Popen(torchrun_command(nproc, argv))

@@ -2,7 +2,7 @@
 starts: `attnlab train CONFIG --nproc N` calls `check_layout(cfg, N)` once, and each rank's
 Trainer again with the world torchrun gives it.
 
-    sizes     tp x pp x dp = N (dp, when unset, is what tp pp leave)    attnlab.training.distributed.mesh_sizes
+    sizes     tp x pp x dp = N (dp, when unset, is what tp pp leave)    attnlab.training.strategy.distributed.mesh_sizes
     model     tp: heads, kv heads and d_ff divisible, a kernel that splits by heads, no mixture of
               experts, no RNN (attnlab.parallel.tensor.check_supported); pp: at least pp layers
               (an encoder-decoder's encoder and decoder layers together), a decoder, encoder or
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from attnlab.config.validate import ConfigError
 from attnlab.training.config import TrainConfig
-from attnlab.training.distributed import mesh_sizes
+from attnlab.training.strategy.distributed import mesh_sizes
 
 def check_layout(config: TrainConfig, world_size: int) -> tuple[int, int, int]:
     """Check `config.parallel` against `world_size` processes and the rest of `config`.

@@ -3,7 +3,7 @@ differently when `parallel.tp` or `parallel.pp` is above 1: the hooks `attnlab t
 Trainer, `Trainer(config, mesh=MeshTraining)` (training sits below this package, so the hooks are
 passed in, not imported there; plain data parallel needs none of them).
 
-Notation: tp, pp, dp the mesh sizes (attnlab.training.distributed: rank = (pp_rank dp + dp_rank) tp
+Notation: tp, pp, dp the mesh sizes (attnlab.training.strategy.distributed: rank = (pp_rank dp + dp_rank) tp
 + tp_rank), k = train.grad_accum, m = parallel.micro_batches, V the vocabulary.
 
     model      tp > 1: split in place (`tensor_parallel(..., gather_output=False)`), the head giving
@@ -46,14 +46,14 @@ from attnlab.parallel.layout import check_layout
 from attnlab.parallel.pipeline import Pipeline, is_backend_error
 from attnlab.parallel.stages import STAGE_INPUTS, join_batches
 from attnlab.parallel.tensor import local_part, tensor_parallel, vocab_parallel_cross_entropy
-from attnlab.training.checkpoint import load_checkpoint
+from attnlab.io.checkpoints import load_checkpoint
 from attnlab.training.config import TrainConfig
-from attnlab.training.distributed import CollectiveError, ParallelContext
-from attnlab.training.losses import IGNORE
+from attnlab.training.strategy.distributed import CollectiveError, ParallelContext
+from attnlab.nn.losses import IGNORE
 from attnlab.training.optim import build_optimizer, decay_groups
-from attnlab.training.precision import autocast
-from attnlab.training.steps import to_device
-from attnlab.training.task import StepLoss
+from attnlab.training.setup.precision import autocast
+from attnlab.training.tasks.batch_loss import to_device
+from attnlab.training.tasks.protocol import StepLoss
 
 __all__ = ["MeshTraining", "vocab_parallel_loss"]
 
@@ -293,7 +293,7 @@ class MeshTraining:
 
     def load_checkpoint(self, path, *, model: nn.Module, optimizer: torch.optim.Optimizer,
                         data_generator: torch.Generator) -> dict[str, Any]:
-        """`attnlab.training.checkpoint.load_checkpoint` for this rank: the checkpoint read whole
+        """`attnlab.io.checkpoints.training_state.load_checkpoint` for this rank: the checkpoint read whole
         (written by any layout), then this rank's shard of each weight and optimizer moment kept.
         `model` is this rank's (sharded) model, `optimizer` over `self.module`. Returns state.json."""
         full, full_opt = self._full_twins()

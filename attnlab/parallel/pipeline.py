@@ -20,7 +20,7 @@ micro-batches of b rows, T positions, D d_model, V vocabulary, L layers.
     idle share of each stage (the bubble): (P - 1) / (m + P - 1); 1F1B has the same bubble but
     holds at most P - s micro-batches of activations on stage s instead of m.
 
-On a tp x pp x dp mesh (`init_from_env(tp, pp=pp)`, `attnlab.training.distributed`):
+On a tp x pp x dp mesh (`init_from_env(tp, pp=pp)`, `attnlab.training.strategy.distributed`):
 
     ctx = init_from_env(tp=2, pp=2)                                  # torchrun --nproc-per-node 8: dp = 2
     model = tensor_parallel(attnlab.build_model(cfg), ctx.tp_group, gather_output=False)
@@ -78,7 +78,7 @@ def is_backend_error(err: RuntimeError) -> bool:
 
 def _collective_error(index: int, num_stages: int, err: RuntimeError) -> RuntimeError:
     """The CollectiveError naming this stage for a backend error (`is_backend_error`)."""
-    from attnlab.training.distributed import CollectiveError
+    from attnlab.training.strategy.distributed import CollectiveError
 
     return CollectiveError(f"pipeline stage {index} of {num_stages}: a send, receive or all-reduce failed or timed "
                            f"out; another rank probably died or hangs. "
@@ -115,7 +115,7 @@ class Pipeline:
             cross-entropy summed over targets that are not `ignore_index`. Each step divides it by
             the number of such targets in the whole batch.
         ignore_index: targets that take no loss.
-        label_smoothing: eps of the default loss (PyTorch's definition, as `attnlab.training.losses`).
+        label_smoothing: eps of the default loss (PyTorch's definition, as `attnlab.nn.losses`).
         dp_group: the data-parallel group of this stage (`ParallelContext.dp_group`: the same
             stage of the other pipelines, each given its own rows); the step's loss is then
             divided by the targets of all of them and the gradients summed over them, so that

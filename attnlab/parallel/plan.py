@@ -13,7 +13,7 @@ Memory per rank (parameters, gradients and optimizer in fp32, as attnlab trains 
     weights        4 p            p: this stage's parameters; tensor parallel splits the attention,
     gradients      4 p               feed-forward, vocabulary and per-head tables T ways
     Adam           8 p            (the two moments); FSDP: p -> p / D (each tensor's rows padded)
-    activations    per micro-batch (attnlab.training.memory.stage_activations, the cost model the
+    activations    per micro-batch (attnlab.training.setup.memory.stage_activations, the cost model the
                    Trainer's memory check reads too: a run holds about AUTOGRAD_FACTOR times these
                    outputs, see there), as `attnlab.inspect.cost` counts a layer's outputs (q, k, v,
                    the attention weights a kernel holds, the feed-forward hidden), times b and s;
@@ -59,7 +59,7 @@ from attnlab.config import ModelConfig
 from attnlab.models.embeddings import Embeddings
 from attnlab.parallel.cost import communication_cost, ring_factor, sharded_numel
 from attnlab.parallel.stages import check_pipeline_supported, shared_parameters, split_stages, stage_layers
-from attnlab.training.memory import ADAM_BYTES, PARAM_BYTES, layer_activations, layer_keys, stage_activations
+from attnlab.training.setup.memory import ADAM_BYTES, PARAM_BYTES, layer_activations, layer_keys, stage_activations
 
 
 def _positive(name: str, value: Any) -> None:

@@ -18,7 +18,7 @@ from attnlab.nn.kernels import kernel_class
 
 PER_TOKEN_HEADS = ("lm", "mlm", "token_classification", "none")
 PIPELINE_ARCHS = ("decoder", "encoder", "encoder_decoder")
-# the keyword inputs of every stage by arch (the batch tensors `attnlab.training.steps.batch_loss`
+# the keyword inputs of every stage by arch (the batch tensors `attnlab.training.tasks.batch_loss.batch_loss`
 # reads besides the first stage's ids and the targets), each with the axis it spans: "input" the
 # width of the first stage's ids (T; an encoder-decoder's source, S), "target" the targets' (Tt),
 # None a number per row

@@ -145,7 +145,7 @@ def vocab_parallel_cross_entropy(local_logits: Tensor, targets: Tensor, group=No
     log-softmax needs max and sum over the whole vocabulary: two all-reduces of (N,) numbers
     and one of the target logit, instead of gathering (N, V) logits (Megatron-LM, section 3).
     Label smoothing eps adds eps (log Z - mean_v x_v - (log Z - x_y)) per row (PyTorch's
-    definition, as `attnlab.training.losses`), one more all-reduce of (N,) sums.
+    definition, as `attnlab.nn.losses`), one more all-reduce of (N,) sums.
 
     Args:
         local_logits: (..., V'/n), this rank's slice [r V'/n, (r+1) V'/n) of the (padded) vocabulary.

@@ -6,13 +6,13 @@ checkpoints with exact resume, distributed hooks, and the one Trainer loop over 
     Trainer(TrainConfig.from_dict(load_config_file("examples/shakespeare_char.json"))).fit()
 """
 
-from attnlab.training.checkpoint import CheckpointError, load_checkpoint, resolve_checkpoint, save_checkpoint
+from attnlab.io.checkpoints import CheckpointError, load_checkpoint, resolve_checkpoint, save_checkpoint
 from attnlab.training.config import (DataConfig, OptimConfig, RunConfig, ScheduleConfig, TokenizerConfig, TrainConfig,
                                      apply_overrides, load_config_file)
-from attnlab.training.losses import cross_entropy, linear_cross_entropy
+from attnlab.nn.losses import cross_entropy, linear_cross_entropy
 from attnlab.training.optim import Schedule, build_optimizer, decay_groups, lr_factor, noam_factor
-from attnlab.training.pretrain import PretrainTask
-from attnlab.training.task import StepLoss, Task
+from attnlab.training.tasks.pretrain import PretrainTask
+from attnlab.training.tasks.protocol import StepLoss, Task
 from attnlab.training.trainer import NonFiniteLossError, Trainer
 
 __all__ = [

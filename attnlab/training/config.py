@@ -7,11 +7,11 @@ A config file has five sections: `model`, `data`, `optim`, `schedule` and `train
 optional ones: `lora` (train low-rank adapters instead of the model's weights; LoraConfig) and `parallel`
 (tensor, pipeline and data parallel over `--nproc N` processes; ParallelConfig). The `model`
 section is a preset name under `preset` plus any `ModelConfig` field (nested fields merge into
-the preset's), or `init_from` (a pretrained folder, see attnlab.training.init); on load it becomes
+the preset's), or `init_from` (a pretrained folder, see attnlab.training.setup.start); on load it becomes
 a typed `TrainModelConfig`. What the data decides is filled in two steps:
 
     on load          arch and head (and BERT's NSP parts) follow data.objective (`objective_fields`)
-    tokenizer known  vocab_size and pad_token_id are the tokenizer's (`Pipeline.model_overrides`)
+    tokenizer known  vocab_size and pad_token_id are the tokenizer's (`DataPipeline.model_overrides`)
 
 Unknown keys, wrong types and values out of range are errors naming the dotted field
 (`optim.lr: expected a number, got 'fast'`; see attnlab.config.validate).
@@ -33,10 +33,10 @@ from attnlab.config.load import apply_overrides, from_dict, load_config, load_co
 from attnlab.config.validate import (ConfigError, ConfigTypeError, check_types, choice, in_range, non_negative,
                                      positive, probability)
 from attnlab.data.packing import PACKINGS  # plain | document_masked | pad (data.pack)
-from attnlab.training.objectives import OBJECTIVES
-from attnlab.training.signals import STOP_SIGNALS  # SIGTERM | SIGUSR1 | ... (train.stop_signals)
-from attnlab.training.precision import PRECISIONS  # auto | fp32 | bf16 | fp16 (resolved where a run starts)
-from attnlab.training.threads import MAX_THREADS
+from attnlab.training.data.objectives import OBJECTIVES
+from attnlab.training.run.signals import STOP_SIGNALS  # SIGTERM | SIGUSR1 | ... (train.stop_signals)
+from attnlab.training.setup.precision import PRECISIONS  # auto | fp32 | bf16 | fp16 (resolved where a run starts)
+from attnlab.training.setup.threads import MAX_THREADS
 
 __all__ = ["DataConfig", "LoraConfig", "OptimConfig", "ParallelConfig", "RunConfig", "ScheduleConfig",
            "TokenizerConfig", "TrainConfig", "TrainModelConfig", "absolute_paths", "apply_overrides", "load_config",
@@ -58,7 +58,7 @@ class TrainModelConfig(ModelConfig):
     init_from: None (fresh weights), or an attnlab.save folder, an `attnlab train` run folder, a
         Hugging Face folder or a Hugging Face Hub model (`hf:NAME[@REVISION]`, through its cache)
         whose weights and tokenizer the run starts from (the model decides the architecture; see
-        attnlab.training.init).
+        attnlab.training.setup.start).
     add_special_tokens: tokens appended to that tokenizer (GPT's `[START]`, `[DELIM]`, ...).
     """
 
@@ -97,7 +97,7 @@ class TokenizerConfig:
 class DataConfig:
     """source: a built-in corpus (`shakespeare`, `de-en`, `python-docs`) or a path; valid: a
     path for validation (built-in corpora bring their own split), or valid_fraction: that share
-    of your source held out for validation instead (how: attnlab.training.pipeline.SourceSplit).
+    of your source held out for validation instead (how: attnlab.training.data.batches.SourceSplit).
 
     seq_len: tokens per row (window objectives). Left out of a config, 256, or position.max_len
     where the model's learned or binary position table ends sooner (tiny-decoder: 64); a longer
@@ -117,7 +117,7 @@ class DataConfig:
     source: str = "shakespeare"
     valid: str | None = None
     valid_fraction: float | None = None  # e.g. 0.05; in place of `valid`, for your own data
-    objective: str = "causal_lm"  # a key of attnlab.training.objectives.OBJECTIVES
+    objective: str = "causal_lm"  # a key of attnlab.training.data.objectives.OBJECTIVES
     seq_len: int = 256  # left out of a config: at most a learned/binary table's position.max_len
     batch_size: int = 32
     pack: str = "plain"  # causal_lm rows: plain | document_masked | pad (see the docstring)
@@ -281,7 +281,7 @@ class LoraConfig:
     https://arxiv.org/abs/2106.09685; attnlab.nn.lora). The model is wrapped once it is built or
     loaded (model.init_from) and before the optimizer is made; every base weight is frozen except
     those of train_modules. The run folder gets OUT/adapter/ (the adapters alone) and OUT/merged/
-    (the model with the adapters merged in, an attnlab.save folder) (attnlab.training.adapters).
+    (the model with the adapters merged in, an attnlab.save folder) (attnlab.training.setup.adapters).
 
     rank: r of each adapter; alpha: its update is scaled by alpha / rank; dropout: on the adapters'
     input while training. target_modules: the Linears to adapt, each a name matched at its end
@@ -330,7 +330,7 @@ class RunConfig:
     """The loop: steps, precision, evaluation, checkpoints, stopping; speed and memory switches
     (`compile`, `activation_checkpointing`) and TensorBoard logging (see attnlab.training.trainer).
     `check_memory`: before the first batch the run's peak memory is estimated and a run that
-    cannot fit is refused, naming the largest data.batch_size that does (attnlab.training.memory);
+    cannot fit is refused, naming the largest data.batch_size that does (attnlab.training.setup.memory);
     false skips the check. `threads`: at most 4096, capped to the CPUs with a warning."""
 
     out_dir: str = "runs/run"

@@ -7,11 +7,11 @@ TensorBoard logging.
 
     trainer = Trainer(TrainConfig.from_dict(load_config_file("examples/shakespeare_char.json")))
     summary = trainer.fit()                  # or fit(resume=True) after an interruption
-    Trainer(config, task=task, model=model)  # any task (attnlab.training.task), e.g. a fine-tuning head
+    Trainer(config, task=task, model=model)  # any task (attnlab.training.tasks.protocol), e.g. a fine-tuning head
     Trainer(config, mesh=MeshTraining)       # parallel.tp / parallel.pp > 1 (attnlab.parallel.mesh)
 
 One optimisation step = `grad_accum` micro-batches. Its loss is the sum of the micro-batches'
-token losses over the step's label tokens (attnlab.training.task). A resumed run restores
+token losses over the step's label tokens (attnlab.training.tasks.protocol). A resumed run restores
 weights, optimizer moments, the schedule, the trainer's RNG states, the data generator and the
 task's data position, so it takes the same batches and dropout masks as a run that was never
 stopped, and ends bitwise equal on CPU. Each trainer draws dropout from its own RNG state (saved
@@ -20,7 +20,7 @@ other.
 
 Lifecycle: `fit` holds the run folder's lock (attnlab.io.lock: a second run on the folder is
 refused, naming the first). A first Ctrl-C — or SIGTERM / SIGUSR1, what schedulers send before
-they kill a job (`train.stop_signals`, attnlab.training.signals) — lets the current step finish,
+they kill a job (`train.stop_signals`, attnlab.training.run.signals) — lets the current step finish,
 saves a checkpoint and raises `TrainingInterrupted` (a KeyboardInterrupt) naming it and the
 signal, even on the last step (so a seed sweep stops too); a second one stops at once and names
 the checkpoint a resume would go on from. Under torchrun the ranks agree after each step, so they
@@ -33,7 +33,7 @@ scored `best_val_loss`, whatever `eval_every` and `checkpoint_every` are.
 
 Switches of the `train` section (attnlab.training.config.RunConfig):
 
-    precision: fp16     fp16 autocast and a gradient scaler (attnlab.training.precision): a step
+    precision: fp16     fp16 autocast and a gradient scaler (attnlab.training.setup.precision): a step
                         whose gradients overflow is skipped and the scale halved (logged); the
                         scaler's state is checkpointed, so a resume stays exact
     compile: true       torch.compile of each transformer layer in place (attnlab.training.
@@ -45,7 +45,7 @@ Switches of the `train` section (attnlab.training.config.RunConfig):
                         each layer's activations are recomputed in backward instead of kept
                         (attnlab.models.transformer; same gradients, dropout masks included)
     tensorboard: true   metrics.jsonl's scalars and text samples in OUT/tensorboard/
-                        (attnlab.training.tensorboard)
+                        (attnlab.training.run.tensorboard)
 """
 
 from __future__ import annotations
@@ -65,22 +65,22 @@ import torch
 
 from attnlab.config.validate import ConfigError
 from attnlab.io.progress import format_seconds
-from attnlab.training.adapters import apply_lora, export_lora
-from attnlab.training.checkpoint import list_checkpoints, load_checkpoint, read_index, resolve_checkpoint, save_checkpoint
+from attnlab.training.setup.adapters import apply_lora, export_lora
+from attnlab.io.checkpoints import list_checkpoints, load_checkpoint, read_index, resolve_checkpoint, save_checkpoint
 from attnlab.training.config import TrainConfig, absolute_paths
-from attnlab.training.distributed import (all_reduce_sum, any_rank, data_parallel_loss, init_from_env, rank0_first,
+from attnlab.training.strategy.distributed import (all_reduce_sum, any_rank, data_parallel_loss, init_from_env, rank0_first,
                                           shard_task)
-from attnlab.training.memory import check_training_memory
+from attnlab.training.setup.memory import check_training_memory
 from attnlab.training.optim import Schedule, build_optimizer
-from attnlab.training.pipeline import Pipeline
-from attnlab.training.plot import write_loss_curve
-from attnlab.training.precision import autocast, native_bf16, native_fp16, resolve_precision, uses_grad_scaler
-from attnlab.training.signals import StopRequest, deferred_stop, exit_status
-from attnlab.training.speedups import CompileClock, checkpoint_activations, compile_layers, has_cxx_compiler
-from attnlab.training.steps import count_tokens, to_device
-from attnlab.training.task import with_balance_loss
-from attnlab.training.tensorboard import TensorBoardLog, require_tensorboard, text_samples
-from attnlab.training.threads import set_threads
+from attnlab.training.data.batches import DataPipeline
+from attnlab.training.run.loss_curve import write_loss_curve
+from attnlab.training.setup.precision import autocast, native_bf16, native_fp16, resolve_precision, uses_grad_scaler
+from attnlab.training.run.signals import StopRequest, deferred_stop, exit_status
+from attnlab.training.setup.speedups import CompileClock, checkpoint_activations, compile_layers, has_cxx_compiler
+from attnlab.training.tasks.batch_loss import count_tokens, to_device
+from attnlab.training.tasks.protocol import with_balance_loss
+from attnlab.training.run.tensorboard import TensorBoardLog, require_tensorboard, text_samples
+from attnlab.training.setup.threads import set_threads
 from attnlab.io.files import append_line, atomic_write_json, atomic_write_text, json_text
 from attnlab.io.lock import RunLock
 
@@ -102,7 +102,7 @@ class NonFiniteLossError(RuntimeError):
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C (or a stop signal: attnlab.training.signals) stopped `fit`. `checkpoint`: where a
+    """Ctrl-C (or a stop signal: attnlab.training.run.signals) stopped `fit`. `checkpoint`: where a
     resume goes on from (None: from step 0); `saved`: written at the interruption (else an
     earlier checkpoint, the run's latest); `signal`: its name; `exit_status`: 128 + its number."""
 
@@ -145,7 +145,7 @@ class Trainer:
 
     Args:
         config: the run (`data` is read only when the task is built from it).
-        task: what to train on (attnlab.training.task); default: the pretraining objective of
+        task: what to train on (attnlab.training.tasks.protocol); default: the pretraining objective of
             `config.data` (a PretrainTask over `pipeline`).
         pipeline: prepared data for the default task (built from `config.data` when None).
         model: a model to train (default: from `config.model` — built, or loaded from
@@ -160,10 +160,10 @@ class Trainer:
 
     Raises:
         ValueError: `parallel.tp` or `parallel.pp` above 1 without `mesh`; `task` without `model`.
-        ConfigError: a step that cannot fit in the memory there is (train.check_memory; attnlab.training.memory).
+        ConfigError: a step that cannot fit in the memory there is (train.check_memory; attnlab.training.setup.memory).
     """
 
-    def __init__(self, config: TrainConfig, *, task: Any = None, pipeline: Pipeline | None = None,
+    def __init__(self, config: TrainConfig, *, task: Any = None, pipeline: DataPipeline | None = None,
                  model: torch.nn.Module | None = None, log: Callable[[str], None] | None = None,
                  show_progress: bool = True, mesh: Any = None):
         self.config = config
@@ -194,7 +194,7 @@ class Trainer:
         torch.manual_seed(run.seed)
         self.pipeline = pipeline
         if task is None:
-            from attnlab.training.init import pretrain_setup
+            from attnlab.training.setup.start import pretrain_setup
 
             with rank0_first(self.parallel):  # [parallel] rank 0 prepares the data cache first
                 task, model = pretrain_setup(config, self.out, pipeline=pipeline, model=model,
@@ -212,7 +212,7 @@ class Trainer:
         self.model = model.to(self.device)
         self.mesh = mesh(self.model, self.parallel, config, task) if mesh is not None else None
         if run.activation_checkpointing:
-            checkpoint_activations(self.model)  # (attnlab.training.speedups)
+            checkpoint_activations(self.model)  # (attnlab.training.setup.speedups)
         self.compiled_layers = compile_layers(self.model) if run.compile else 0
         loss = with_balance_loss(task.loss, self.model)  # + the experts' load balance (MoE models)
         loss = self.mesh.loss if self.mesh is not None else loss  # [parallel] tp: over the vocabulary's shards
@@ -358,7 +358,7 @@ class Trainer:
 
     @torch.no_grad()
     def samples(self) -> str | None:
-        """Greedy samples of the task's validation data as Markdown (attnlab.training.tensorboard.
+        """Greedy samples of the task's validation data as Markdown (attnlab.training.run.tensorboard.
         text_samples), None where the task has none or the model is split (tp, pp); draws no random number."""
         if self.mesh is not None:
             return None

@@ -241,12 +241,12 @@ for S in (3, 300):
 # Does the bottleneck hurt? Train both kinds for the same few hundred steps on a task where
 # every output token depends on one far-away input token: **reverse a random sequence** of 4 to
 # 24 symbols. Batches come from `attnlab.data.objectives.seq2seq` (teacher forcing: start token +
-# target in, target + end token as labels) and the loss from `attnlab.training.steps.batch_loss`,
+# target in, target + end token as labels) and the loss from `attnlab.training.tasks.batch_loss.batch_loss`,
 # the function `attnlab train` calls.
 
 # %%
 from attnlab.data.objectives import seq2seq
-from attnlab.training.steps import batch_loss
+from attnlab.training.tasks.batch_loss import batch_loss
 
 V, PAD, BOS, EOS = 20, 0, 1, 2  # symbols 3..19
 

@@ -245,13 +245,13 @@ print("vocabulary", tok.vocab_size, "| mean tokens per sentence: en",
 
 # %% [markdown]
 # Training is a plain loop over attnlab's pieces: `attnlab.data.objectives.seq2seq` collates a
-# batch for teacher forcing and `attnlab.training.steps.batch_loss` is the loss `attnlab train`
+# batch for teacher forcing and `attnlab.training.tasks.batch_loss.batch_loss` is the loss `attnlab train`
 # computes for this architecture. (`attnlab train` with `data.source: de-en` and
 # `objective: seq2seq` runs the same thing with checkpoints, evaluation and BLEU.)
 
 # %%
 from attnlab.data.objectives import seq2seq
-from attnlab.training.steps import batch_loss
+from attnlab.training.tasks.batch_loss import batch_loss
 
 STEPS, BATCH = 250, 32
 

@@ -23,7 +23,7 @@
 # | T5 | encoder-decoder | span corruption (spans → sentinels; the decoder writes them out); prefix LM |
 #
 # attnlab's objectives are pure functions in `attnlab.data.objectives` (token ids + a seeded
-# generator → a batch dict), and `attnlab.training.steps.batch_loss` turns a batch into the loss
+# generator → a batch dict), and `attnlab.training.tasks.batch_loss.batch_loss` turns a batch into the loss
 # for any architecture. This tutorial looks at each objective's batches, checks their statistics,
 # trains a tiny model on each for a few seconds on Shakespeare (attnlab's built-in `shakespeare`
 # corpus), and generates and fills masks with what it learned.
@@ -53,7 +53,7 @@ import torch
 import attnlab
 from attnlab.data import objectives
 from attnlab.data.corpora import split_files
-from attnlab.training.steps import batch_loss
+from attnlab.training.tasks.batch_loss import batch_loss
 
 torch.manual_seed(0)
 torch.set_num_threads(1)  # small models: one thread avoids oversubscribing a shared CPU

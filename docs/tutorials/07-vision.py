@@ -54,7 +54,7 @@ from attnlab.data.images import load_digits, stratified_split
 from attnlab.inspect.patch_maps import image_attention, on_grid, plot_cls_attention
 from attnlab.models.vision import VisionConfig, VisionEncoder, patchify
 from attnlab.training.config import TrainConfig
-from attnlab.training.images import ImageClassificationTask, evaluate_images
+from attnlab.training.tasks.images import ImageClassificationTask, evaluate_images
 from attnlab.training.trainer import Trainer
 
 torch.manual_seed(0)

@@ -2,7 +2,7 @@
 measured on the built-in Shakespeare corpus.
 
 A char-level decoder with rotary positions reads the training text as B parallel streams, in
-consecutive segments of T characters (`attnlab.training.recurrence`), through the one Trainer:
+consecutive segments of T characters (`attnlab.training.tasks.recurrence`), through the one Trainer:
 
 - `memory`: each segment also attends over the previous segment's layer inputs (memory_len M = T,
   detached), as Transformer-XL trains;
@@ -31,7 +31,7 @@ from attnlab import ModelConfig, build_model
 from attnlab.data import corpora
 from attnlab.tokenizers import Tokenizer
 from attnlab.training.config import TrainConfig
-from attnlab.training.recurrence import RecurrenceTask, batchify, stream_loss
+from attnlab.training.tasks.recurrence import RecurrenceTask, batchify, stream_loss
 from attnlab.training.trainer import Trainer
 
 

@@ -65,7 +65,7 @@ def shared_tokenizer(out: Path, corpus: str, objective: str) -> Path:
     pairs, with `objective`'s special tokens, shared by every model of a study (trained once)."""
     from attnlab.data.sources import resolve_source
     from attnlab.training import TrainConfig
-    from attnlab.training.pipeline import build_tokenizer
+    from attnlab.training.data.batches import build_tokenizer
 
     path = out / "tokenizer.json"
     if not path.exists():

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from attnlab.data.images import load_digits, stratified_split
 from attnlab.inspect.attention_maps import capture_attention
 from attnlab.models.vision import VisionConfig, VisionEncoder, default_encoder
-from attnlab.training.images import ImageClassificationTask, evaluate_images
+from attnlab.training.tasks.images import ImageClassificationTask, evaluate_images
 from attnlab.training.optim import build_optimizer
 
 

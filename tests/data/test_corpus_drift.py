@@ -16,7 +16,7 @@ from attnlab.data import corpora
 from attnlab.io import downloads
 from attnlab.io.cache import verify_sha256
 from attnlab.training.config import TrainConfig
-from attnlab.training.pipeline import Pipeline
+from attnlab.training.data.batches import DataPipeline
 
 RECORDED = "3.11.2-6+deb12u8"  # python-docs' recorded version
 CURRENT = "3.11.2-6+deb12u9"
@@ -166,7 +166,7 @@ def test_data_verify_false_in_a_run_config_reaches_fetch(isolated_cache, monkeyp
     monkeypatch.setattr(corpora, "fetch", fake_fetch)
     for verify in (False, True):
         cfg = TrainConfig.from_dict({"data": {"source": "python-docs", "verify": verify, "seq_len": 4}})
-        Pipeline.build(cfg.data, show_progress=False)
+        DataPipeline.build(cfg.data, show_progress=False)
         assert asked and {v for _, v in asked} == {verify}, asked
         asked.clear()
     with pytest.raises(TypeError, match="data.verify"):

@@ -150,7 +150,7 @@ def test_missing_tensor_and_truncated_file_are_named(tmp_path):
 
 def test_a_run_folder_loads_its_best_checkpoint_verified(tmp_path):
     from attnlab.io import CheckpointError
-    from attnlab.training.checkpoint import save_checkpoint
+    from attnlab.io.checkpoints import save_checkpoint
 
     model = _model("decoder-tied")
     run = tmp_path / "run"

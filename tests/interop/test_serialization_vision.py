@@ -75,7 +75,7 @@ def test_a_bad_vision_config_names_the_field(tmp_path):
 
 def test_a_trainer_run_of_a_vit_loads_its_best_checkpoint(tmp_path):
     from attnlab.training.config import TrainConfig
-    from attnlab.training.images import ImageClassificationTask
+    from attnlab.training.tasks.images import ImageClassificationTask
     from attnlab.training.trainer import Trainer
 
     torch.manual_seed(0)

@@ -59,7 +59,7 @@ def _write_weights(writer, folder):
     from attnlab import build_model, presets
     from attnlab.cli.main import main
     from attnlab.tokenizers import Tokenizer
-    from attnlab.training.checkpoint import save_checkpoint
+    from attnlab.io.checkpoints import save_checkpoint
     from attnlab.training.optim import build_optimizer
     from tests.interop.helpers import tiny_gpt2_folder
 

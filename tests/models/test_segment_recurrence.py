@@ -12,7 +12,7 @@ from attnlab.config.validate import ConfigError
 from attnlab.models.recurrence import generate_with_memory
 from attnlab.nn.kv_cache import SegmentMemory
 from attnlab.nn.masks import causal_mask
-from attnlab.training.recurrence import RecurrenceTask, batchify, segments, stream_loss
+from attnlab.training.tasks.recurrence import RecurrenceTask, batchify, segments, stream_loss
 
 V = 40
 RELATIVE = ["rotary", "alibi", "t5_bias", "relative", "none"]
@@ -310,7 +310,7 @@ def test_trainer_carries_the_memory_between_steps(tmp_path):
 
 def test_a_run_config_with_memory_trains_in_consecutive_segments(tmp_path):
     from attnlab.training.config import TrainConfig
-    from attnlab.training.recurrence import RecurrenceTask
+    from attnlab.training.tasks.recurrence import RecurrenceTask
     from attnlab.training.trainer import Trainer
     from tests.training.helpers import tiny_config
 

@@ -10,7 +10,7 @@ from attnlab.config.validate import ConfigError
 from attnlab.inspect.attention_maps import capture_attention
 from attnlab.models.vision import VisionConfig, VisionEncoder, default_encoder, patchify
 from attnlab.nn.layers import TransformerLayer
-from attnlab.training.images import ImageClassificationTask, evaluate_images
+from attnlab.training.tasks.images import ImageClassificationTask, evaluate_images
 
 from .helpers import SCHEMES
 

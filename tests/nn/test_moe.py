@@ -10,7 +10,7 @@ from attnlab import ModelConfig, build_model
 from attnlab.config import ConfigError
 from attnlab.nn.layers import FeedForward
 from attnlab.nn.moe import MoEFeedForward, balance_loss
-from attnlab.training.task import StepLoss, with_balance_loss
+from attnlab.training.tasks.protocol import StepLoss, with_balance_loss
 from tests.models.helpers import assert_causal_and_cached
 
 D, F_, E = 16, 32, 4

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from attnlab.parallel import WorkerError, spawn
 from attnlab.training import TrainConfig, Trainer
-from attnlab.training.checkpoint import checkpoint_name, read_index
+from attnlab.io.checkpoints import checkpoint_name, read_index
 from tests.parallel.mesh_workers import LAYOUTS, die_mid_step, fit_on_rank, layout_config, mesh_suite
 from tests.parallel.workers import mesh_suite as ddp_mesh_suite
 from tests.training.helpers import tiny_config

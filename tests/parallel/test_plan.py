@@ -128,7 +128,7 @@ def test_an_encoder_decoder_pipeline_holds_and_sends_what_its_stages_do(encoder_
     assert (last["pp_send_forward_bytes"], last["pp_send_backward_bytes"]) == (0, sent)
     # activations: the layers' (as the one-stage plan counts them), the encoder's embeddings b S D on the first
     # stage, the decoder's b Tt D where its layer 0 is, the logits b Tt V/tp on the last
-    from attnlab.training.memory import layer_activations  # the one cost model, which training reads too
+    from attnlab.training.setup.memory import layer_activations  # the one cost model, which training reads too
 
     per_layer = layer_activations(cfg, S, Tt, 2)
     stack = [("encoder.", i) for i in range(encoder_layers)] + [("decoder.", i) for i in range(decoder_layers)]

@@ -11,7 +11,7 @@ import attnlab
 from attnlab.parallel import spawn
 from attnlab.parallel.launch import pop_nproc, torchrun_command
 from attnlab.training import TrainConfig, Trainer
-from attnlab.training.checkpoint import checkpoint_name
+from attnlab.io.checkpoints import checkpoint_name
 from tests.parallel.workers import trainer_dp
 from tests.training.helpers import tiny_config
 

@@ -15,7 +15,7 @@ import torch
 from attnlab import ModelConfig, build_model, generate
 from attnlab.data.objectives import pairs_lm, seq2seq
 from attnlab.tokenizers import Tokenizer
-from attnlab.training.steps import batch_loss
+from attnlab.training.tasks.batch_loss import batch_loss
 
 from tests.studies import STUDIES, load_study
 

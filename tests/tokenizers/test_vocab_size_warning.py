@@ -35,12 +35,12 @@ def test_a_size_reached_or_the_default_does_not_warn(kind, requested):
 
 def test_a_run_config_size_not_reached_warns_when_the_pipeline_trains(tmp_path, isolated_cache):
     from attnlab.training.config import DataConfig
-    from attnlab.training.pipeline import Pipeline
+    from attnlab.training.data.batches import DataPipeline
 
     (tmp_path / "train.txt").write_text("\n".join(SMALL * 20))
     (tmp_path / "valid.txt").write_text("\n".join(SMALL * 4))
     cfg = DataConfig(source=str(tmp_path / "train.txt"), valid=str(tmp_path / "valid.txt"), seq_len=8, batch_size=2,
                      tokenizer={"kind": "bpe", "vocab_size": 1000})
     with pytest.warns(UserWarning, match=r"vocab_size=1000 was asked for, \d+ reached"):
-        pipe = Pipeline.build(cfg, tmp_path / "run", show_progress=False)
+        pipe = DataPipeline.build(cfg, tmp_path / "run", show_progress=False)
     assert pipe.tokenizer.vocab_size < 1000

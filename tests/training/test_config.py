@@ -194,7 +194,7 @@ def _saved_model(folder):
 
 
 def test_init_from_reads_an_attnlab_folder_without_its_weights(tmp_path):
-    from attnlab.training.init import read_init_config, resolve_init_from
+    from attnlab.training.setup.start import read_init_config, resolve_init_from
 
     saved = _saved_model(tmp_path / "m")
     (tmp_path / "m" / "model.safetensors").unlink()  # the config alone is read
@@ -211,7 +211,7 @@ def test_init_from_reads_an_attnlab_folder_without_its_weights(tmp_path):
 
 
 def test_init_from_a_run_folder_reads_its_model_section(tmp_path):
-    from attnlab.training.init import read_init_config
+    from attnlab.training.setup.start import read_init_config
 
     model = presets.get("tiny-decoder").replace(num_layers=2)
     (tmp_path / "run" / "checkpoints").mkdir(parents=True)
@@ -223,7 +223,7 @@ def test_init_from_a_hugging_face_folder_matches_the_loaded_model(tmp_path):
     import transformers
 
     import attnlab
-    from attnlab.training.init import read_init_config
+    from attnlab.training.setup.start import read_init_config
 
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=90, n_positions=40, n_embd=32, n_layer=2,
                                                               n_head=4))
@@ -232,7 +232,7 @@ def test_init_from_a_hugging_face_folder_matches_the_loaded_model(tmp_path):
 
 
 def test_init_from_refuses_a_folder_or_architecture_that_does_not_fit(tmp_path):
-    from attnlab.training.init import resolve_init_from
+    from attnlab.training.setup.start import resolve_init_from
 
     _saved_model(tmp_path / "m")
     with pytest.raises(ValueError, match=r"data\.objective='masked_lm' trains an encoder but model\.init_from is "

@@ -12,7 +12,7 @@ import torch
 
 from attnlab.io.cache import sha256_file
 from attnlab.training import NonFiniteLossError, TrainConfig, Trainer
-from attnlab.training.checkpoint import resolve_checkpoint
+from attnlab.io.checkpoints import resolve_checkpoint
 from tests.training.helpers import tiny_config
 
 
@@ -147,7 +147,7 @@ def test_a_skipped_steps_nan_loss_is_written_as_null_and_read_back_as_nan(tmp_pa
 
 
 def test_gradient_accumulation_equals_one_big_batch(tmp_path):
-    from attnlab.training.steps import batch_loss
+    from attnlab.training.tasks.batch_loss import batch_loss
 
     trainer = _trainer(tmp_path, max_steps=1)
     g = torch.Generator().manual_seed(0)
@@ -206,8 +206,8 @@ def test_a_fresh_run_refuses_a_folder_with_checkpoints(tmp_path):
 def test_accumulation_weighs_every_token_equally_however_micro_batches_are_masked(tmp_path):
     """Two micro-batches with 60 and 12 label tokens: the accumulated gradient (and loss) is the
     one big batch's — sum of token losses / 72 — not the mean of the two micro-batch means."""
-    from attnlab.training.losses import IGNORE
-    from attnlab.training.steps import batch_loss
+    from attnlab.nn.losses import IGNORE
+    from attnlab.training.tasks.batch_loss import batch_loss
 
     trainer = _trainer(tmp_path, max_steps=1, grad_accum=2, precision="fp32")  # against an fp32 reference
     g = torch.Generator().manual_seed(0)

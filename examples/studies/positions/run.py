@@ -98,7 +98,7 @@ def shared_tokenizer(out: Path) -> Path:
     model and the evaluation read the same ids."""
     from attnlab.data.sources import resolve_source
     from attnlab.training import TrainConfig
-    from attnlab.training.pipeline import build_tokenizer
+    from attnlab.training.data.batches import build_tokenizer
 
     path = out / "tokenizer.json"
     if not path.exists():
@@ -249,11 +249,11 @@ def evaluate_model(model: torch.nn.Module, tokens: torch.Tensor, lengths: list[i
 def validation_tokens(tokenizer: Path) -> torch.Tensor:
     """The validation text as ids (the toolkit's own token file of the split)."""
     from attnlab.training import TrainConfig
-    from attnlab.training.pipeline import Pipeline
+    from attnlab.training.data.batches import DataPipeline
 
     data = TrainConfig.from_dict({"data": {"source": "shakespeare", "objective": "causal_lm", "seq_len": TRAIN_LEN,
                                            "tokenizer": {"kind": "char", "path": str(tokenizer)}}}).data
-    valid = Pipeline.build(data, None, show_progress=False).valid
+    valid = DataPipeline.build(data, None, show_progress=False).valid
     return torch.from_numpy(valid.tokens[:].astype("int64"))
 
 

@@ -15,7 +15,7 @@ trained once on the training pairs and shared; the `seq2seq` objective for the e
 
 - the validation perplexity of the summary tokens (each summary's pieces and its EOS, the same
   tokens under both objectives; label smoothing off) over the first `--val-pairs` held-out pairs,
-  through the objective's own validation batches and `attnlab.training.steps.eval_sums`;
+  through the objective's own validation batches and `attnlab.training.tasks.batch_loss.eval_sums`;
 - ROUGE-L F (`attnlab.evaluation.rouge`) of summaries of the first `--rouge-docs` held-out
   documents, written by `attnlab.generate` (greedy, or `--num-beams`): an encoder-decoder reads
   the document + EOS and decodes from BOS, a decoder continues `document [SEP]`
@@ -111,7 +111,7 @@ def summary_perplexity(model, pipeline, num_pairs: int) -> dict[str, float]:
     """Mean NLL per summary token (and EOS) over the first `num_pairs` held-out pairs, batched
     by the objective's own validation batches, summed by `eval_sums` (what training's
     validation sums); its exp."""
-    from attnlab.training.steps import eval_sums
+    from attnlab.training.tasks.batch_loss import eval_sums
 
     loss, tokens = 0.0, 0
     for batch in pipeline.eval_batches(math.ceil(num_pairs / pipeline.cfg.batch_size)):
@@ -166,7 +166,7 @@ def evaluate(name: str, args: argparse.Namespace) -> None:
     import attnlab
     from attnlab.evaluation import rouge
     from attnlab.training import TrainConfig
-    from attnlab.training.pipeline import Pipeline
+    from attnlab.training.data.batches import DataPipeline
 
     out = Path(args.out)
     run_dir = out / name.replace("+", "_")
@@ -175,7 +175,7 @@ def evaluate(name: str, args: argparse.Namespace) -> None:
     if not pending:
         return
     cfg = TrainConfig.from_dict(run_config(name, run_dir, out / "tokenizer.json"))
-    pipeline = Pipeline.build(cfg.data, show_progress=False)  # the token files training cached
+    pipeline = DataPipeline.build(cfg.data, show_progress=False)  # the token files training cached
     pairs = valid_pairs(args.rouge_docs)
     for m in pending:
         model, tok = attnlab.load(run_dir / "marks" / f"{m}min", with_tokenizer=True)
