@@ -40,7 +40,6 @@ def evaluate_checkpoint(path: str, which: str = "best", batches: int | None = No
     model = build_model(ModelConfig.from_dict(saved["model"]))
     state = load_checkpoint(ckpt, model=model)
     trainer = Trainer(cfg, model=model, show_progress=False, log=lambda _: None)
-    trainer.out = run_dir
     return {"checkpoint": str(ckpt), "step": state["step"], **trainer.evaluate()}
 
 

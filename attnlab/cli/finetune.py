@@ -48,7 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def _main(args: argparse.Namespace) -> int:
     from attnlab.finetune.job import run_finetune
     from attnlab.training.config import load_config_file
-    from attnlab.training.trainer import TrainingInterrupted
+    from attnlab.training.run.signals import TrainingInterrupted
 
     path = Path(args.config)
     config = load_config_file(path)

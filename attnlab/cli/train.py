@@ -241,7 +241,8 @@ def _main(args: argparse.Namespace) -> int:
     from attnlab.io.lock import RunLock
     from attnlab.parallel.mesh import MeshTraining
     from attnlab.training.strategy.distributed import CollectiveError
-    from attnlab.training.trainer import NonFiniteLossError, Trainer, TrainingInterrupted
+    from attnlab.training.run.signals import TrainingInterrupted
+    from attnlab.training.trainer import NonFiniteLossError, Trainer
 
     # one writer per out_dir, from the data preparation (it writes tokenizer.json) to the end
     lock = RunLock(cfg.train.out_dir, what="train.out_dir", command=shlex.join(["attnlab", "train", config, *rest]))

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.finetune.recipes import freeze, llrd_param_groups, reinit_top_layers
-from attnlab.training.tasks.protocol import StepLoss
+from attnlab.training.tasks.protocol import StepLoss, Task
 
 IGNORE = -100
 
@@ -80,7 +80,7 @@ def task_loss(model: nn.Module, batch: dict[str, Tensor], labels: Tensor, lm_wei
     return main, parts
 
 
-class FinetuneTask:
+class FinetuneTask(Task):
     """Labelled examples and a task head's loss.
 
     Args:

@@ -5,6 +5,10 @@ under torchrun (and tensor and pipeline parallel: the `parallel` section, throug
 as `mesh=`, attnlab.parallel.mesh.MeshTraining), torch.compile, activation checkpointing and
 TensorBoard logging.
 
+The loop reads the same for every layout: what depends on where the model lives is the
+strategy's (attnlab.training.strategy: one process, data parallel, a tensor x pipeline mesh), and
+what the run leaves on disk is the run folder's (attnlab.training.run.folder).
+
     trainer = Trainer(TrainConfig.from_dict(load_config_file("examples/shakespeare_char.json")))
     summary = trainer.fit()                  # or fit(resume=True) after an interruption
     Trainer(config, task=task, model=model)  # any task (attnlab.training.tasks.protocol), e.g. a fine-tuning head
@@ -50,86 +54,38 @@ Switches of the `train` section (attnlab.training.config.RunConfig):
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import platform
-import sys
 import time
 import warnings
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable
 
 import torch
 
 from attnlab.config.validate import ConfigError
-from attnlab.io.progress import format_seconds
-from attnlab.training.setup.adapters import apply_lora, export_lora
-from attnlab.io.checkpoints import list_checkpoints, load_checkpoint, read_index, resolve_checkpoint, save_checkpoint
-from attnlab.training.config import TrainConfig, absolute_paths
-from attnlab.training.strategy.distributed import (all_reduce_sum, any_rank, data_parallel_loss, init_from_env, rank0_first,
-                                          shard_task)
-from attnlab.training.setup.memory import check_training_memory
-from attnlab.training.optim import Schedule, build_optimizer
+from attnlab.io.checkpoints import list_checkpoints, resolve_checkpoint
+from attnlab.training.config import TrainConfig
 from attnlab.training.data.batches import DataPipeline
-from attnlab.training.run.loss_curve import write_loss_curve
-from attnlab.training.setup.precision import autocast, native_bf16, native_fp16, resolve_precision, uses_grad_scaler
-from attnlab.training.run.signals import StopRequest, deferred_stop, exit_status
+from attnlab.training.optim import Schedule, build_optimizer
+from attnlab.training.run.folder import RunFolder
+from attnlab.training.run.progress import StepResult, StepWindow, setup_line
+from attnlab.training.run.signals import StopRequest, TrainingInterrupted, deferred_stop
+from attnlab.training.run.tensorboard import require_tensorboard, text_samples
+from attnlab.training.setup.adapters import apply_lora, export_lora
+from attnlab.training.setup.memory import check_training_memory
+from attnlab.training.setup.precision import autocast, resolve_precision, uses_grad_scaler
+from attnlab.training.setup.rng import RunRandom
 from attnlab.training.setup.speedups import CompileClock, checkpoint_activations, compile_layers, has_cxx_compiler
-from attnlab.training.tasks.batch_loss import count_tokens, to_device
-from attnlab.training.tasks.protocol import with_balance_loss
-from attnlab.training.run.tensorboard import TensorBoardLog, require_tensorboard, text_samples
 from attnlab.training.setup.threads import set_threads
-from attnlab.io.files import append_line, atomic_write_json, atomic_write_text, json_text
-from attnlab.io.lock import RunLock
-
-
-class StepResult(NamedTuple):
-    """One optimisation step: its loss (NaN when skipped by the NaN policy), named parts, input
-    tokens, whether the weights were left as they were (NaN policy, or an fp16 overflow), and
-    the gradient norm before clipping (None without optim.grad_clip, or when not finite)."""
-
-    loss: float
-    parts: dict[str, float]
-    tokens: int
-    skipped: bool
-    grad_norm: float | None = None
+from attnlab.training.strategy import choose_strategy
+from attnlab.training.tasks.batch_loss import count_tokens, to_device
+from attnlab.training.tasks.protocol import as_task, with_balance_loss
 
 
 class NonFiniteLossError(RuntimeError):
     """The loss (or gradient norm) became NaN or infinite and nan_policy is "stop"."""
-
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C (or a stop signal: attnlab.training.run.signals) stopped `fit`. `checkpoint`: where a
-    resume goes on from (None: from step 0); `saved`: written at the interruption (else an
-    earlier checkpoint, the run's latest); `signal`: its name; `exit_status`: 128 + its number."""
-
-    def __init__(self, out: Path, step: int, checkpoint: Path | None, saved: bool, signal: str = "SIGINT"):
-        self.out, self.step, self.checkpoint, self.saved, self.signal = out, step, checkpoint, saved, signal
-        what = "interrupted" if signal == "SIGINT" else f"stopped by {signal}"
-        if saved:
-            text = f"{what} after step {step}; checkpoint saved: {checkpoint}"
-        elif checkpoint is not None:
-            text = f"{what} at step {step} (stopped at once, nothing saved); a resume goes on from {checkpoint}"
-        else:
-            text = f"{what} at step {step}, before the first checkpoint; a resume starts from step 0"
-        super().__init__(text)
-
-    @property
-    def exit_status(self) -> int:
-        return exit_status(self.signal)
-
-
-def versions() -> dict[str, str]:
-    """Versions a run records beside its config."""
-    import numpy
-
-    from attnlab._version import __version__
-
-    return {"attnlab": __version__, "torch": torch.__version__, "numpy": numpy.__version__,
-            "python": platform.python_version()}
 
 
 def pick_device(name: str) -> torch.device:
@@ -145,8 +101,8 @@ class Trainer:
 
     Args:
         config: the run (`data` is read only when the task is built from it).
-        task: what to train on (attnlab.training.tasks.protocol); default: the pretraining objective of
-            `config.data` (a PretrainTask over `pipeline`).
+        task: what to train on (attnlab.training.tasks.protocol); default: the pretraining
+            objective of `config.data` (a PretrainTask over `pipeline`).
         pipeline: prepared data for the default task (built from `config.data` when None).
         model: a model to train (default: from `config.model` — built, or loaded from
             `model.init_from` — with the data's vocabulary).
@@ -154,161 +110,96 @@ class Trainer:
         show_progress: progress lines for tokenisation and steps.
         mesh: the hooks of a model split over processes, needed when `parallel.tp` or
             `parallel.pp` is above 1 (unused otherwise): `attnlab.parallel.mesh.MeshTraining`,
-            which `attnlab train` passes. The loop calls `mesh.check_layout(config, world_size)`
-            before the data is prepared, then `mesh(model, ctx, config, task)` for this rank's
-            part; given rather than imported, since attnlab.parallel sits above training.
+            which `attnlab train` passes (attnlab.training.strategy.choose_strategy).
 
     Raises:
         ValueError: `parallel.tp` or `parallel.pp` above 1 without `mesh`; `task` without `model`.
+        TypeError: a task without the methods of attnlab.training.tasks.protocol.Task.
         ConfigError: a step that cannot fit in the memory there is (train.check_memory; attnlab.training.setup.memory).
     """
 
     def __init__(self, config: TrainConfig, *, task: Any = None, pipeline: DataPipeline | None = None,
                  model: torch.nn.Module | None = None, log: Callable[[str], None] | None = None,
                  show_progress: bool = True, mesh: Any = None):
-        self.config = config
-        self.out = Path(config.train.out_dir)
+        run, o, s = config.train, config.optim, config.schedule
+        self.config, self.show_progress = config, show_progress
         self.log = log or (lambda text: print(text, flush=True))
-        self.show_progress = show_progress
-        run = config.train
         if run.tensorboard:
             require_tensorboard()  # before any data is prepared
-        set_threads("train.threads", run.threads)  # capped to the CPUs, with a warning (training.threads)
-        self.device = pick_device(run.device)
-        if run.compile and self.device.type == "cpu" and not has_cxx_compiler():
+        set_threads("train.threads", run.threads)  # capped to the CPUs, with a warning (setup.threads)
+        device = pick_device(run.device)
+        if run.compile and device.type == "cpu" and not has_cxx_compiler():
             raise ConfigError("train.compile", "true on a CPU needs a C++ compiler for torch.compile's code (g++ or "
                               "clang++ on PATH, or $CXX); install one or set train.compile to false")
-        par = config.parallel
-        if par.sharded and mesh is None:
-            raise ValueError(f"parallel.tp={par.tp}, parallel.pp={par.pp} split the model over processes: pass the "
-                             "mesh hooks, Trainer(config, mesh=attnlab.parallel.mesh.MeshTraining) (attnlab train "
-                             "--nproc N does)")
-        mesh = mesh if par.sharded else None  # [parallel] tp / pp split the model: the caller's hooks do the rest
-        self.parallel = init_from_env(par.tp, pp=par.pp, dp=par.dp)  # [parallel] under torchrun: rank 0 writes
-        if mesh is not None:
-            mesh.check_layout(config, self.parallel.world_size)  # before any data is prepared
-        if self.parallel.distributed:
-            self.device = self.parallel.device if self.device.type == "cuda" else self.device
-            self.log = self.log if self.parallel.is_main else (lambda text: None)
+        self.strategy = choose_strategy(config, device, mesh)  # checks a split layout before any data is prepared
+        self.device, self.parallel = self.strategy.device, self.strategy.ctx
+        self.folder = RunFolder(run.out_dir, writes=self.parallel.is_main)
+        self.log = self.log if self.parallel.is_main else (lambda text: None)
         self.precision = resolve_precision(run.precision, self.device)  # once: "auto" decided, emulated bf16 warned
         torch.manual_seed(run.seed)
         self.pipeline = pipeline
         if task is None:
             from attnlab.training.setup.start import pretrain_setup
 
-            with rank0_first(self.parallel):  # [parallel] rank 0 prepares the data cache first
+            with self.strategy.rank0_first():  # rank 0 prepares the data cache first
                 task, model = pretrain_setup(config, self.out, pipeline=pipeline, model=model,
                                              show_progress=show_progress, log=self.log)
             self.pipeline = task.pipeline
         elif model is None:
             raise ValueError("Trainer(task=...) needs the model to train (model=...)")
-        self.task = shard_task(task, self.parallel)  # [parallel] each rank its own batches
-        if hasattr(task, "prepare"):
-            task.prepare(model)  # freezing, re-initialisation: before the optimizer sees the parameters
+        if run.activation_checkpointing:
+            checkpoint_activations(model)  # each layer recomputed in backward (setup.speedups)
+        self.compiled_layers = compile_layers(model) if run.compile else 0  # in place; compiled at the first call
+        task = as_task(task)
+        self.task = self.strategy.shard(task)  # each data-parallel rank its own batches
+        task.prepare(model)  # freezing, re-initialisation: before the optimizer sees the parameters
         model = apply_lora(model, config.lora, seed=run.seed, log=self.log)  # LoRA adapters (config.lora), base frozen
         check_training_memory(model, config, self.device, precision=self.precision, task=task)  # before any batch
         if self.pipeline is not None:
             self.pipeline.check_batches()  # data too short for one batch: refused now, not at the first evaluation
-        self.model = model.to(self.device)
-        self.mesh = mesh(self.model, self.parallel, config, task) if mesh is not None else None
-        if run.activation_checkpointing:
-            checkpoint_activations(self.model)  # (attnlab.training.setup.speedups)
-        self.compiled_layers = compile_layers(self.model) if run.compile else 0
-        loss = with_balance_loss(task.loss, self.model)  # + the experts' load balance (MoE models)
-        loss = self.mesh.loss if self.mesh is not None else loss  # [parallel] tp: over the vocabulary's shards
-        # [parallel] DDP when dp > 1; a pipeline sums its gradients over dp itself
-        pipelined = self.mesh is not None and self.mesh.pipelined
-        self.train_loss = None if pipelined else data_parallel_loss(self.model, self.parallel, loss)
-        o = config.optim
-        groups = task.param_groups(self.model, o.lr, o.weight_decay) if hasattr(task, "param_groups") else None
-        groups = self.mesh.param_groups(o.weight_decay) if self.mesh is not None else groups  # [parallel] pp: a stage's
+        self.model = self.strategy.place(model, config, task)
+        self.strategy.set_loss(with_balance_loss(task.loss, self.model))  # + the experts' balance (MoE models)
+        groups = self.strategy.param_groups(task.param_groups(self.model, o.lr, o.weight_decay), o.weight_decay)
         self.optimizer = build_optimizer(self.model, o.name, o.lr, o.betas, o.eps, o.weight_decay, groups=groups)
-        s = config.schedule
         self.schedule = Schedule(self.optimizer, s.name, o.lr, total_steps=run.max_steps, warmup_steps=s.warmup_steps,
                                  min_lr_ratio=s.min_lr_ratio, d_model=self.model.config.d_model)
         # fp16: the loss scaled before backward, the gradients unscaled before clipping (a no-op otherwise)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=uses_grad_scaler(self.precision))
         self.data_generator = torch.Generator().manual_seed(run.seed + 1)
-        self._rng = self._rng_now()  # this run's dropout stream (see the module docstring)
-        self.step = 0
-        self.best: float | None = None
-        self.bad_evals = 0
-        self._stop = StopRequest()  # a first Ctrl-C / stop signal during fit sets it (training.signals)
-        self.history: dict[str, list[tuple[int, float]]] = {"train": [], "valid": []}
-        self._tensorboard: TensorBoardLog | None = None  # open during fit (train.tensorboard, rank 0)
+        self.random = RunRandom(self.device)  # this run's dropout stream (see the module docstring)
+        self.step, self.best, self.bad_evals = 0, None, 0
+        self._stop = StopRequest()  # a first Ctrl-C / stop signal during fit sets it (run.signals)
 
-    def _rng_now(self) -> dict[str, torch.Tensor]:
-        state = {"cpu": torch.get_rng_state()}
-        if self.device.type == "cuda":
-            state["cuda"] = torch.cuda.get_rng_state(self.device)
-        return state
+    @property
+    def out(self) -> Path:
+        return self.folder.out
 
-    @contextmanager
-    def _own_rng(self) -> Iterator[None]:
-        """Run the block on this trainer's RNG state, then put the caller's back."""
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.set_rng_state(self._rng["cpu"])
-            if "cuda" in self._rng:
-                torch.cuda.set_rng_state(self._rng["cuda"], self.device)
-            try:
-                yield
-            finally:
-                self._rng = self._rng_now()
-
-    # ---------------------------------------------------------------- files
     @property
     def checkpoint_dir(self) -> Path:
-        return self.out / "checkpoints"
+        return self.folder.checkpoints
 
-    def _write_config(self) -> None:
-        if not self.parallel.is_main:  # [parallel]
-            return
-        self.out.mkdir(parents=True, exist_ok=True)
-        data = {"config": absolute_paths(self.config.to_dict()), "model": self.model.config.to_dict(),  # any cwd
-                "seed": self.config.train.seed, "precision": self.precision, "versions": versions(),
-                "command": " ".join(sys.argv)}
-        atomic_write_json(self.out / "config.json", data, indent=2)
+    @property
+    def history(self) -> dict[str, list[tuple[int, float]]]:
+        return self.folder.history
 
-    def _metrics(self, record: dict[str, Any]) -> None:
-        if not self.parallel.is_main:  # [parallel]
-            return
-        append_line(self.out / "metrics.jsonl", json_text(record))  # whole lines; NaN as null
-        if self._tensorboard is not None:
-            self._tensorboard.record(record)
+    @property
+    def mesh(self) -> Any:
+        """The hooks of a split model (tp / pp), None otherwise."""
+        return getattr(self.strategy, "hooks", None)
 
-    def _trim_metrics(self) -> None:
-        """After a resume, drop records of steps the checkpoint had not reached (they will be redone)."""
-        path = self.out / "metrics.jsonl"
-        if not path.exists() or not self.parallel.is_main:  # [parallel] rank 0 owns the file
-            return
-        kept = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = {k: math.nan if v is None else v for k, v in json.loads(line).items()}  # null: NaN
-            except (json.JSONDecodeError, AttributeError):  # a line cut by the crash
-                continue
-            if record.get("step", 0) <= self.step:
-                kept.append(line)
-                if "train_loss" in record:
-                    self.history["train"].append((record["step"], record["train_loss"]))
-                if "val_loss" in record:
-                    self.history["valid"].append((record["step"], record["val_loss"]))
-        atomic_write_text(path, "".join(line + "\n" for line in kept))
+    def _own_rng(self):
+        return self.random.own()
 
+    # ---------------------------------------------------------------- checkpoints
     def save(self, metric: float | None = None) -> Path:
-        extra = {"best": self.best, "bad_evals": self.bad_evals}
-        if hasattr(self.task, "state_dict"):
-            extra["task"] = self.task.state_dict()  # the data position beyond the generator (epochs)
+        """A checkpoint of this step (the whole model, gathered; rank 0 writes, the others wait)."""
+        extra = {"best": self.best, "bad_evals": self.bad_evals, "task": self.task.state_dict()}
         if self.scaler.is_enabled():
             extra["grad_scaler"] = self.scaler.state_dict()  # fp16: the loss scale, its growth count (numbers)
-        path = self.checkpoint_dir
-        # [parallel] tp / pp: the whole model and optimizer state, gathered on rank 0 (every rank takes part)
-        model, optimizer = self.mesh.gather(self.optimizer) if self.mesh is not None else (self.model, self.optimizer)
-        if self.parallel.is_main:  # [parallel] one writer; the others wait for the checkpoint
-            path = save_checkpoint(self.checkpoint_dir, step=self.step, model=model, optimizer=optimizer,
-                                   schedule_state=self.schedule.state_dict(), data_generator=self.data_generator,
-                                   extra=extra, metric=metric, keep_last=self.config.train.keep_last)
+        model, optimizer = self.strategy.gather(self.optimizer)
+        path = self.folder.save(step=self.step, model=model, optimizer=optimizer,
+                                schedule_state=self.schedule.state_dict(), data_generator=self.data_generator,
+                                extra=extra, metric=metric, keep_last=self.config.train.keep_last)
         self.parallel.barrier()
         return path
 
@@ -317,18 +208,16 @@ class Trainer:
         if path is None and not list_checkpoints(self.checkpoint_dir):
             return False
         ckpt = resolve_checkpoint(path or self.checkpoint_dir, "latest")
-        load = self.mesh.load_checkpoint if self.mesh is not None else load_checkpoint  # [parallel] shard on load
-        state = load(ckpt, model=self.model, optimizer=self.optimizer, data_generator=self.data_generator)
-        self._rng = self._rng_now()  # load_checkpoint set the RNG states to the checkpoint's
+        state = self.strategy.load(ckpt, optimizer=self.optimizer, data_generator=self.data_generator)
+        self.random.take_current()  # the checkpoint set the RNG states
         self.schedule.load_state_dict(state["schedule"])
         self.step = int(state["step"])
         self.best = state["extra"].get("best")
         self.bad_evals = int(state["extra"].get("bad_evals", 0))
-        if hasattr(self.task, "load_state_dict"):
-            self.task.load_state_dict(state["extra"].get("task", {}))
+        self.task.load_state_dict(state["extra"].get("task", {}))
         if self.scaler.is_enabled() and "grad_scaler" in state["extra"]:  # (from a non-fp16 run: a new scale)
             self.scaler.load_state_dict(state["extra"]["grad_scaler"])
-        self._trim_metrics()
+        self.folder.trim_metrics(self.step)
         self.log(f"resumed from {ckpt} at step {self.step}")
         return True
 
@@ -349,10 +238,7 @@ class Trainer:
         was_training = self.model.training
         self.model.eval()
         try:
-            if self.mesh is not None:  # [parallel] forward only through the shards and stages
-                return self.mesh.evaluate(self.task, self.device, self.precision)
-            with self.eager():
-                return self.task.evaluate(self.model, self.device, self.precision)
+            return self.strategy.evaluate(self.task, self.precision, self.eager)
         finally:
             self.model.train(was_training)
 
@@ -360,7 +246,7 @@ class Trainer:
     def samples(self) -> str | None:
         """Greedy samples of the task's validation data as Markdown (attnlab.training.run.tensorboard.
         text_samples), None where the task has none or the model is split (tp, pp); draws no random number."""
-        if self.mesh is not None:
+        if not self.strategy.can_sample:
             return None
         was_training = self.model.training
         self.model.eval()
@@ -370,35 +256,14 @@ class Trainer:
         finally:
             self.model.train(was_training)
 
-    # ---------------------------------------------------------------- the loop
+    # ---------------------------------------------------------------- one step
     def accumulate(self, batches: list[dict[str, torch.Tensor]]) -> tuple[float, dict[str, float], bool]:
-        """Forward and backward over the micro-batches of one step, each scaled by its share of
-        the step's weight (label tokens), so the gradients are those of sum(token losses) /
-        tokens. Returns (step loss, its named parts, non-finite); under data parallel the loss
-        and parts are over all ranks. Under pipeline parallel the pipeline runs the micro-batches."""
-        if self.mesh is not None and self.mesh.pipelined:  # [parallel] pp: one batch of k b rows, in m micro-batches
-            with self.autocast():
-                loss = self.mesh.pipeline_step(batches)
-            return (loss, {}, False) if math.isfinite(loss) else (self._non_finite(f"loss is {loss}"), {}, True)
-        weights = [self.task.weight(b) for b in batches]
-        total = all_reduce_sum(float(sum(weights)), self.parallel)  # [parallel] the tokens of all ranks
-        if total == 0:
-            return self._non_finite("no label tokens in the step's batches"), {}, True
-        loss_sum, parts_sum = 0.0, {}
-        for batch, weight in zip(batches, weights):
-            share = weight / total * self.parallel.dp_size  # DDP averages over ranks: undo its 1/dp
-            with self.autocast():
-                loss, parts = self.train_loss(batch, label_smoothing=self.config.optim.label_smoothing)  # [parallel]
-            if not torch.isfinite(loss):
-                return self._non_finite(f"loss is {float(loss.detach())}"), {}, True
-            self.scaler.scale(loss * share).backward()  # fp16: times the loss scale (else as it is)
-            loss_sum += float(loss.detach()) * share
-            for key, value in parts.items():
-                parts_sum[key] = parts_sum.get(key, 0.0) + value * share
-        if self.parallel.distributed:  # [parallel] each rank holds its share of the global sums
-            sums = self.parallel.all_reduce_mean({"loss": loss_sum, **parts_sum})
-            loss_sum, parts_sum = sums.pop("loss"), sums
-        return loss_sum, parts_sum, False
+        """Forward and backward over the micro-batches of one step (the strategy's `backward`):
+        (step loss, its named parts, non-finite); under data parallel over all ranks."""
+        loss, parts, problem = self.strategy.backward(batches, self.task, autocast=self.autocast,
+                                                      scale=self.scaler.scale,
+                                                      label_smoothing=self.config.optim.label_smoothing)
+        return (self._non_finite(problem), {}, True) if problem is not None else (loss, parts, False)
 
     def _train_step(self) -> StepResult:
         """One optimisation step (see StepResult)."""
@@ -412,20 +277,13 @@ class Trainer:
         self.scaler.unscale_(self.optimizer)  # fp16: the true gradients, and whether any overflowed
         norm = None
         if self.config.optim.grad_clip is not None:
-            clip = self.config.optim.grad_clip  # [parallel] tp / pp: the norm over every shard and stage
-            norm = float(self.mesh.clip_grad_norm(clip) if self.mesh is not None else
-                         torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+            norm = self.strategy.clip(self.config.optim.grad_clip)
             if not math.isfinite(norm):
                 if not self.scaler.is_enabled():
                     return StepResult(self._non_finite(f"gradient norm is {norm}"), {}, tokens, True)
                 norm = None  # fp16: an overflow, the scaler's to handle
-        if not self.scaler.is_enabled():
-            self.optimizer.step()
-            return StepResult(loss, parts, tokens, False, norm)
-        scale = self.scaler.get_scale()
-        self.scaler.step(self.optimizer)  # skipped where the unscaled gradients hold inf or NaN
-        self.scaler.update()  # such a step halves the scale; 2,000 clean ones double it
-        if self.scaler.get_scale() >= scale:
+        scale = self.scaler.get_scale() if self.scaler.is_enabled() else None
+        if self.strategy.optimizer_step(self.optimizer, self.scaler):
             return StepResult(loss, parts, tokens, False, norm)
         self.log(f"fp16: the gradients overflowed at step {self.step + 1}; step skipped, loss scale {scale:g} -> "
                  f"{self.scaler.get_scale():g}")
@@ -440,6 +298,7 @@ class Trainer:
         self.log(f"warning: {what} at step {step}; step skipped (train.nan_policy=skip)")
         return float("nan")
 
+    # ---------------------------------------------------------------- the run
     def fit(self, resume: bool = False, *, stop_at: int | None = None,
             on_step: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
         """Train to `train.max_steps` (or early stopping, or `max_minutes`, or `stop_at`),
@@ -460,8 +319,7 @@ class Trainer:
             RunLockedError: another live run writes to train.out_dir (attnlab.io.lock).
             TrainingInterrupted: Ctrl-C (see the module docstring).
         """
-        lock = RunLock(self.out, what="train.out_dir") if self.parallel.is_main else nullcontext()  # [parallel]
-        with lock:
+        with self.folder.lock():
             return self._fit(resume, stop_at, on_step)
 
     def _fit(self, resume: bool, stop_at: int | None, on_step: Callable[[dict[str, Any]], None] | None) -> dict:
@@ -477,160 +335,72 @@ class Trainer:
         if resume and self.step == run.max_steps and stop_at is None:
             self.log(f"the run is complete: step {self.step} of train.max_steps={run.max_steps}; nothing to train "
                      "(a larger --train.max_steps trains on)")
-        if not resume and self.step == 0:  # (a trainer already resumed with .resume(path) goes on)
-            if list_checkpoints(self.checkpoint_dir):
-                raise ValueError(f"train.out_dir={str(self.out)!r} already holds checkpoints; continue that run with "
-                                 f"`attnlab train --resume {self.out}`, or choose another train.out_dir")
-            if (self.out / "metrics.jsonl").exists() and self.parallel.is_main:  # [parallel]
-                (self.out / "metrics.jsonl").unlink()
+        self.folder.start(resumed=resume or self.step > 0)  # (a trainer already resumed with .resume(path) goes on)
         end = run.max_steps if stop_at is None else min(stop_at, run.max_steps)
-        self._write_config()
+        self.folder.write_config(self.config.to_dict(), self.model.config.to_dict(), seed=run.seed,
+                                 precision=self.precision)
         self.log(self.setup_line())
-        if run.tensorboard and self.parallel.is_main:  # [parallel] rank 0 writes
-            fresh = not resume and self.step == 0
-            self._tensorboard = TensorBoardLog(self.out / "tensorboard", start_step=self.step, fresh=fresh)
-            self._tensorboard.config(self.config.to_dict(), self.step)
+        if run.tensorboard:
+            self.folder.open_tensorboard(self.config.to_dict(), self.step, fresh=not resume and self.step == 0)
         self.model.train()
         try:
-            with self._own_rng(), deferred_stop(run.stop_signals) as self._stop:
+            with self.random.own(), deferred_stop(run.stop_signals) as self._stop:
                 summary = self._loop(end, on_step)
-                stopped = self._stop_agreed()  # pressed after the loop's last look: not lost (a sweep goes on)
+                stopped = self.strategy.agree(bool(self._stop))  # pressed after the loop's last look: not lost
         except TrainingInterrupted:
             raise
         except KeyboardInterrupt:  # a second Ctrl-C (or one where it cannot be deferred): mid-step, save nothing
             raise self._interrupted(saved=False) from None
         finally:
-            if self._tensorboard is not None:
-                self._tensorboard.close()
-                self._tensorboard = None
+            self.folder.close()
         if stopped:
             raise self._interrupted(saved=True)
-        if self.parallel.is_main:  # a LoRA run: OUT/adapter/, and OUT/merged/ when the run is over (training.adapters)
+        if self.parallel.is_main:  # a LoRA run: OUT/adapter/, and OUT/merged/ when the run is over (setup.adapters)
             export_lora(self.model, self.out, merged=summary["stop_reason"] != "stop_at", settings=self.config.lora)
         if summary["stop_reason"] != "stop_at":  # a pause (a sweep's probe) draws nothing: plotting costs a second
             self.plot()
         return summary
 
-    def setup_line(self) -> str:
-        """The resolved setup in one line (what `attnlab train` prints first; the whole config is
-        OUT/config.json, or `--print-config`): model and parameters, data, steps, precision, device."""
-        held = self.mesh.module if self.mesh is not None else self.model  # [parallel] tp / pp: this rank's part
-        n_params = sum(p.numel() for p in {id(p): p for p in held.parameters()}.values())
-        ctx, run, data = self.parallel, self.config.train, self.config.data
-        where = "" if self.mesh is None else f" on rank 0 of tp={ctx.tp_size} x pp={ctx.pp_size} x dp={ctx.dp_size}"
-        where = where or (f" x {ctx.dp_size} data-parallel replicas" if ctx.dp_size > 1 else "")
-        kind = getattr(self.model.config, "arch", None) or type(self.model).__name__  # (a ViT's config has no arch)
-        model = f"{kind}, {n_params:,} parameters{where}"
-        if self.pipeline is not None:  # the pretraining task of config.data
-            batch = f"{data.batch_tokens} tokens" if data.batch_tokens else f"{data.batch_size}"
-            task = f"{data.objective} on {data.source}, seq_len {data.seq_len}, batch {batch} x {run.grad_accum}"
-        else:
-            task = type(self.task).__name__
-        return (f"setup: {model} | {task} | {run.max_steps:,} steps | {self._precision_line()} | device "
-                f"{self.device} | out {self.out}")
-
-    def _precision_line(self) -> str:
-        """`precision: bf16 (auto on cpu)`; fp16 names its loss scale; auto on a GPU with fp16 but
-        without bf16 (V100, T4) says that fp16 would be faster."""
-        line = f"precision: {self.precision}"
-        if self.config.train.precision == "auto":
-            line += f" (auto on {self.device.type})"
-            if self.precision == "fp32" and self.device.type == "cuda" and native_fp16(self.device) \
-                    and not native_bf16(self.device):
-                line += "; this GPU has no bf16 but fast fp16: train.precision=fp16 (loss-scaled) is faster"
-        if self.scaler.is_enabled():
-            line += f", loss scaling from {self.scaler.get_scale():g}"
-        return line
-
-    def _interrupted(self, saved: bool) -> TrainingInterrupted:
-        """The interruption, naming the run's latest checkpoint (where a resume goes on from)."""
-        latest = read_index(self.checkpoint_dir).get("latest")
-        return TrainingInterrupted(self.out, self.step, self.checkpoint_dir / latest if latest else None,
-                                   saved=saved and latest is not None, signal=self._stop.signal or "SIGINT")
-
-    def _stop_agreed(self) -> bool:
-        """Whether a stop was asked for; under torchrun, on any rank (one collective: the ranks
-        got the signal at different moments, but they all stop after the same step)."""
-        return any_rank(bool(self._stop), self.parallel) if self.parallel.distributed else bool(self._stop)
-
     def _loop(self, end: int, on_step: Callable[[dict[str, Any]], None] | None) -> dict[str, Any]:
         run = self.config.train
-        start = time.perf_counter()
-        first_step = self.step
-        window_loss, window_norms, window_tokens, window_start = [], [], 0, time.perf_counter()
+        window = StepWindow(self.step, run.max_steps, run.max_minutes)
+        clock = CompileClock() if self.compiled_layers else None
         last_eval: dict[str, float] = {}
         stop_reason = "max_steps"
-        train_loss = first_loss = float("nan")
-        clock = CompileClock() if self.compiled_layers else None
         while self.step < end:
-            step_start = time.perf_counter()
-            with self.mesh.guard("a training step") if self.mesh is not None else nullcontext():  # [parallel]
-                loss, parts, tokens, skipped, norm = self._train_step()
+            began = time.perf_counter()
+            with self.strategy.guard("a training step"):
+                result = self._train_step()
             lr = self.schedule.lr()
             self.schedule.step()
             self.step += 1
-            window_tokens += tokens
-            if not math.isnan(loss):  # (an fp16 overflow skips the update, not the loss)
-                window_loss.append((loss, parts))
-                train_loss = loss
-                first_loss = loss if math.isnan(first_loss) else first_loss
-            if norm is not None:
-                window_norms.append(norm)
+            window.add(result)
             if clock is not None:  # compiling (the first step, a new shape): kept out of tok/s and the ETA
-                newly = clock.lap(time.perf_counter() - step_start)
-                window_start += newly
-                if clock.laps == 1:
-                    self.log(f"compile: {newly:.1f} s (torch.compile of {self.compiled_layers} transformer layer(s), "
-                             "in the first step)")
+                self._compiled(clock, clock.lap(time.perf_counter() - began), window)
             if on_step is not None:
-                on_step({"step": self.step, "loss": loss, **parts, "lr": lr, "skipped": skipped})
+                on_step({"step": self.step, "loss": result.loss, **result.parts, "lr": lr, "skipped": result.skipped})
             if self.step % run.log_every == 0 or self.step == run.max_steps:
-                elapsed = time.perf_counter() - window_start
-                mean = sum(x for x, _ in window_loss) / len(window_loss) if window_loss else float("nan")
-                means = {k: sum(p.get(k, 0.0) for _, p in window_loss) / len(window_loss) for k in parts}
-                tps = window_tokens / max(elapsed, 1e-9)
-                done = time.perf_counter() - start
-                steady = done - (clock.total if clock is not None else 0.0)
-                eta = steady / max(self.step - first_step, 1) * (run.max_steps - self.step)
-                if run.max_minutes is not None:  # the time limit may come first
-                    eta = min(eta, max(0.0, 60 * run.max_minutes - done))
-                norms = {"grad_norm": sum(window_norms) / len(window_norms)} if window_norms else {}  # before clipping
                 scale = {"loss_scale": self.scaler.get_scale()} if self.scaler.is_enabled() else {}
-                self._metrics({"step": self.step, "train_loss": mean, **means, "lr": lr, **norms, **scale,
-                               "tokens_per_s": tps, "elapsed_s": done, "skipped": skipped})
-                self.history["train"].append((self.step, mean))
-                self.log(f"step {self.step:>6}/{run.max_steps} | loss {mean:.4f} | lr {lr:.2e}"
-                         f" | {tps:,.0f} tok/s | ETA {format_seconds(eta)}")
-                window_loss, window_norms, window_tokens, window_start = [], [], 0, time.perf_counter()
+                record, line = window.report(self.step, lr, result.parts, scale, result.skipped)
+                self.folder.record(record)
+                self.history["train"].append((self.step, record["train_loss"]))
+                self.log(line)
             aside = time.perf_counter()  # evaluation and checkpoints: kept out of the next window's tok/s
-            timed_out = run.max_minutes is not None and aside - start > 60 * run.max_minutes
-            timed_out = any_rank(timed_out, self.parallel) if run.max_minutes is not None else timed_out  # [parallel]
+            timed_out = run.max_minutes is not None and self.strategy.agree(window.elapsed > 60 * run.max_minutes)
             metric, improved = None, False
             if self.step % run.eval_every == 0 or self.step == run.max_steps or timed_out:
                 last_eval = self.evaluate() or last_eval
                 if "val_loss" in last_eval:
-                    metric = last_eval["val_loss"]
-                    self._metrics({"step": self.step, **last_eval})
-                    self.history["valid"].append((self.step, metric))
-                    self.log("eval  " + " | ".join(f"{k} {v:.4f}" for k, v in last_eval.items()))
-                    if self._tensorboard is not None and (samples := self.samples()) is not None:
-                        self._tensorboard.text("samples", samples, self.step)
-                    improved = self.best is None or metric < self.best
-                    if improved:
-                        self.best, self.bad_evals = metric, 0
-                    else:
-                        self.bad_evals += 1
+                    metric, improved = last_eval["val_loss"], self._judge(last_eval)
                     if run.early_stopping_patience is not None and self.bad_evals >= run.early_stopping_patience:
                         stop_reason = "early_stopping"
-                    self.plot()
-            if timed_out:
-                stop_reason = "max_minutes"
+            stop_reason = "max_minutes" if timed_out else stop_reason
             saved = None
             if (self.step % run.checkpoint_every == 0 or self.step in (run.max_steps, end)
                     or stop_reason != "max_steps" or improved):  # the best weights are always on disk
                 saved = self.save(metric)
-            window_start += time.perf_counter() - aside
-            if self._stop_agreed():  # Ctrl-C or a stop signal: the step is complete, checkpoint it and stop
+            window.aside(time.perf_counter() - aside)
+            if self.strategy.agree(bool(self._stop)):  # Ctrl-C or a stop signal: the step is complete, save, stop
                 raise TrainingInterrupted(self.out, self.step, saved or self.save(metric), saved=True,
                                           signal=self._stop.signal or "SIGINT")
             if stop_reason != "max_steps":
@@ -638,15 +408,46 @@ class Trainer:
                 break
         if stop_reason == "max_steps" and self.step < run.max_steps:
             stop_reason = "stop_at"  # paused: fit() again goes on
+        train_loss = window.last_loss
         if math.isnan(train_loss) and self.history["train"]:  # no step ran (a complete run resumed): the last logged
             train_loss = self.history["train"][-1][1]
-        seconds = time.perf_counter() - start
         compiled = {"compile_seconds": clock.total} if clock is not None else {}
-        return {"steps": self.step, "stop_reason": stop_reason, "first_loss": first_loss, "train_loss": train_loss,
-                "best_val_loss": self.best, **last_eval, "seconds": seconds, **compiled, "out_dir": str(self.out),
-                "best_checkpoint": read_index(self.checkpoint_dir).get("best")}
+        return {"steps": self.step, "stop_reason": stop_reason, "first_loss": window.first_loss,
+                "train_loss": train_loss, "best_val_loss": self.best, **last_eval, "seconds": window.elapsed,
+                **compiled, "out_dir": str(self.out), "best_checkpoint": self.folder.best()}
+
+    def _compiled(self, clock: CompileClock, seconds: float, window: StepWindow) -> None:
+        window.aside(seconds, compiling=True)
+        if clock.laps == 1:
+            self.log(f"compile: {seconds:.1f} s (torch.compile of {self.compiled_layers} transformer layer(s), "
+                     "in the first step)")
+
+    def _judge(self, metrics: dict[str, float]) -> bool:
+        """Record an evaluation (metrics.jsonl, the log, TensorBoard samples, loss.png) and keep the
+        best score; returns whether it improved on the best so far."""
+        metric = metrics["val_loss"]
+        self.folder.record({"step": self.step, **metrics})
+        self.history["valid"].append((self.step, metric))
+        self.log("eval  " + " | ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        if self.folder.tensorboard is not None and (samples := self.samples()) is not None:
+            self.folder.text("samples", samples, self.step)
+        improved = self.best is None or metric < self.best
+        self.best, self.bad_evals = (metric, 0) if improved else (self.best, self.bad_evals + 1)
+        self.plot()
+        return improved
 
     def plot(self) -> None:
         """loss.png beside metrics.jsonl (train in blue, validation in red)."""
-        if (self.history["train"] or self.history["valid"]) and self.parallel.is_main:  # [parallel]
-            write_loss_curve(self.out / "loss.png", self.history)
+        self.folder.plot()
+
+    def _interrupted(self, saved: bool) -> TrainingInterrupted:
+        """The interruption, naming the run's latest checkpoint (where a resume goes on from)."""
+        latest = self.folder.latest()
+        return TrainingInterrupted(self.out, self.step, latest, saved=saved and latest is not None,
+                                   signal=self._stop.signal or "SIGINT")
+
+    def setup_line(self) -> str:
+        """The resolved setup in one line (what `attnlab train` prints first; the whole config is
+        OUT/config.json, or `--print-config`): model and parameters, data, steps, precision, device."""
+        return setup_line(self.config, self.model, self.strategy, self.precision, self.scaler,
+                          task=None if self.pipeline is not None else self.task)

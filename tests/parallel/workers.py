@@ -274,7 +274,7 @@ def trainer_dp_signal(ctx, config: dict, victim: int, at_step: int) -> dict[str,
     import signal
 
     from attnlab.training import TrainConfig, Trainer
-    from attnlab.training.trainer import TrainingInterrupted
+    from attnlab.training.run.signals import TrainingInterrupted
 
     trainer = Trainer(TrainConfig.from_dict(config), log=lambda text: None, show_progress=False)
 

@@ -24,6 +24,7 @@ cannot set handlers.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import signal
 import threading
 import time
@@ -99,3 +100,24 @@ def deferred_stop(names: tuple[str, ...] | list[str]) -> Iterator[StopRequest]:
             if before is None:  # set from outside Python: the closest is the default
                 before = signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL
             signal.signal(number, before)
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C (or a stop signal, see the module docstring) stopped `Trainer.fit`. `checkpoint`: where a
+    resume goes on from (None: from step 0); `saved`: written at the interruption (else an
+    earlier checkpoint, the run's latest); `signal`: its name; `exit_status`: 128 + its number."""
+
+    def __init__(self, out: Path, step: int, checkpoint: Path | None, saved: bool, signal: str = "SIGINT"):
+        self.out, self.step, self.checkpoint, self.saved, self.signal = out, step, checkpoint, saved, signal
+        what = "interrupted" if signal == "SIGINT" else f"stopped by {signal}"
+        if saved:
+            text = f"{what} after step {step}; checkpoint saved: {checkpoint}"
+        elif checkpoint is not None:
+            text = f"{what} at step {step} (stopped at once, nothing saved); a resume goes on from {checkpoint}"
+        else:
+            text = f"{what} at step {step}, before the first checkpoint; a resume starts from step 0"
+        super().__init__(text)
+
+    @property
+    def exit_status(self) -> int:
+        return exit_status(self.signal)

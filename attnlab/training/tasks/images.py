@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from attnlab.data.images import random_shift
 from attnlab.training.tasks.batch_loss import autocast
-from attnlab.training.tasks.protocol import StepLoss
+from attnlab.training.tasks.protocol import StepLoss, Task
 
 __all__ = ["ImageClassificationTask", "evaluate_images"]
 
@@ -62,7 +62,7 @@ def evaluate_images(model: nn.Module, images: Tensor, labels: Tensor, *, batch_s
     return {"val_loss": loss_sum / len(images), "accuracy": right / len(images)}
 
 
-class ImageClassificationTask:
+class ImageClassificationTask(Task):
     """Labelled images and a cross-entropy loss on the model's logits.
 
     Args:

@@ -19,10 +19,10 @@ from attnlab.evaluation import bleu_chrf, perplexity
 from attnlab.nn.losses import IGNORE
 from attnlab.training.data.batches import DataPipeline
 from attnlab.training.tasks.batch_loss import autocast, batch_loss, eval_sums, to_device
-from attnlab.training.tasks.protocol import StepLoss
+from attnlab.training.tasks.protocol import StepLoss, Task
 
 
-class PretrainTask:
+class PretrainTask(Task):
     """A DataPipeline's objective as a task.
 
     Args:

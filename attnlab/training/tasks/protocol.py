@@ -42,6 +42,12 @@ class StepLoss(NamedTuple):
 
 
 class Task(Protocol):
+    """What the Trainer trains on (module docstring). The first four methods are required; the
+    others have defaults here, which a task gets by subclassing `Task` (the tasks of attnlab do)
+    or through `as_task` (any object with the four)."""
+
+    ordered: bool = False  # batches read in order (a segment memory's streams): not shardable over ranks
+
     def train_batch(self, generator: torch.Generator) -> dict[str, Tensor]: ...
 
     def weight(self, batch: dict[str, Tensor]) -> int: ...
@@ -50,6 +56,65 @@ class Task(Protocol):
 
     def evaluate(self, model: nn.Module, device: torch.device, precision: str) -> dict[str, float]: ...
 
+    def prepare(self, model: nn.Module) -> None:
+        """Freeze or re-initialise parts of the model, before the optimizer sees its parameters."""
+
+    def param_groups(self, model: nn.Module, lr: float, weight_decay: float) -> list[dict] | None:
+        """The optimizer's parameter groups (e.g. layer-wise lr decay); None: the usual decay groups."""
+        return None
+
+    def state_dict(self) -> dict:
+        """The data position beyond the data generator (an epoch's order), for a checkpoint."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what `state_dict` returned."""
+
+
+REQUIRED = ("train_batch", "weight", "loss", "evaluate")
+OPTIONAL = ("prepare", "param_groups", "state_dict", "load_state_dict")
+
+
+class _WithDefaults(Task):
+    """A task object lacking some of Task's optional methods, given Task's defaults for them;
+    every attribute it has is its own."""
+
+    def __init__(self, task: object):
+        self.task = task
+        for name in OPTIONAL:
+            if callable(getattr(task, name, None)):
+                setattr(self, name, getattr(task, name))
+
+    def __getattr__(self, name: str):
+        return getattr(self.task, name)
+
+    def train_batch(self, generator):
+        return self.task.train_batch(generator)
+
+    def weight(self, batch):
+        return self.task.weight(batch)
+
+    def loss(self, model, batch, *, label_smoothing=0.0):
+        return self.task.loss(model, batch, label_smoothing=label_smoothing)
+
+    def evaluate(self, model, device, precision):
+        return self.task.evaluate(model, device, precision)
+
+
+def as_task(task: object) -> Task:
+    """`task` as a complete Task: itself when it subclasses Task or has every method, else with
+    Task's defaults for the optional methods it lacks.
+
+    Raises:
+        TypeError: a required method is missing (the message names them).
+    """
+    missing = [name for name in REQUIRED if not callable(getattr(task, name, None))]
+    if missing:
+        raise TypeError(f"a training task needs {', '.join(REQUIRED)}; {type(task).__name__} has no "
+                        f"{', '.join(missing)} (see attnlab.training.tasks.protocol)")
+    if Task in type(task).__mro__ or all(callable(getattr(task, name, None)) for name in OPTIONAL):
+        return task
+    return _WithDefaults(task)
 
 
 def with_balance_loss(loss: Callable[..., StepLoss], model: nn.Module) -> Callable[..., StepLoss]:

@@ -34,7 +34,7 @@ from attnlab.models.recurrence import resolve_mem_len
 from attnlab.nn.kv_cache import SegmentMemory
 from attnlab.nn.losses import linear_cross_entropy
 from attnlab.training.tasks.batch_loss import autocast
-from attnlab.training.tasks.protocol import StepLoss
+from attnlab.training.tasks.protocol import StepLoss, Task
 
 
 def batchify(tokens: Tensor | Any, batch_size: int) -> Tensor:
@@ -123,7 +123,7 @@ def stream_loss(model: nn.Module, streams: Tensor, seq_len: int, mem_len: int = 
             "by_position": (at_offset / at_count.clamp(min=1)).tolist()}
 
 
-class RecurrenceTask:
+class RecurrenceTask(Task):
     """Causal language modelling over consecutive segments with a segment memory, as a task of
     the one Trainer (`attnlab.training.tasks.protocol`).
 

@@ -392,7 +392,7 @@ def run_workers(args: argparse.Namespace, schemes: list[str]) -> dict[str, int]:
 
 def worker(args: argparse.Namespace) -> None:
     """One scheme: train (or go on, or reuse), then evaluate (or reuse)."""
-    from attnlab.training.trainer import TrainingInterrupted
+    from attnlab.training.run.signals import TrainingInterrupted
 
     torch.set_num_threads(1)
     out, name = Path(args.out), args.worker

@@ -17,7 +17,8 @@ from attnlab.io.cache import sha256_file
 from attnlab.io.lock import LOCK_NAME, RunLockedError, read_lock
 from attnlab.training import TrainConfig, Trainer
 from attnlab.io.checkpoints import saved_run_config
-from attnlab.training.trainer import NonFiniteLossError, TrainingInterrupted
+from attnlab.training.run.signals import TrainingInterrupted
+from attnlab.training.trainer import NonFiniteLossError
 from tests.training.helpers import tiny_config
 
 

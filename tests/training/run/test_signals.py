@@ -22,7 +22,7 @@ from attnlab.io.checkpoints import training_state as checkpoint_module
 from attnlab.training import TrainConfig, Trainer
 from attnlab.training.run import signals as signals_module
 from attnlab.training.run.signals import deferred_stop, exit_status
-from attnlab.training.trainer import TrainingInterrupted
+from attnlab.training.run.signals import TrainingInterrupted
 from tests.training.helpers import tiny_config
 
 pytestmark = pytest.mark.usefixtures("isolated_cache")
@@ -160,7 +160,7 @@ def test_sigterm_to_a_background_train_process_checkpoints_prints_the_resume_and
     config = tmp_path / "run.json"
     config.write_text(json.dumps(tiny_config(tmp_path, max_steps=40, checkpoint_every=100, eval_every=100,
                                              log_every=1)))
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
     ignore_sigint = lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)  # noqa: E731 (a script's `cmd &`)
     proc = subprocess.Popen([sys.executable, "-m", "attnlab.cli.main", "train", str(config)], cwd=tmp_path, env=env,

@@ -24,7 +24,7 @@ from tests.training.helpers import tiny_config
 
 pytestmark = pytest.mark.usefixtures("isolated_cache")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GUARD_BYTES = 8 * 2 ** 30  # the address-space limit of the measuring subprocesses: a regression cannot eat the machine
 
 # One training step in a fresh process: the growth of its peak resident anonymous memory (RssAnon,

@@ -23,7 +23,7 @@ from tests.finetune.helpers import char_tokenizer, tiny
 from tests.training.helpers import tiny_config
 
 CPU = torch.device("cpu")
-EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES_DIR = Path(__file__).resolve().parents[3] / "examples"
 
 pytestmark = pytest.mark.usefixtures("isolated_cache")
 

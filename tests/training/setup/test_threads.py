@@ -62,7 +62,7 @@ def test_train_threads_100000_is_a_one_line_error_not_a_crash(tmp_path):
     """The issue's command, in a process of its own: it used to end in SIGSEGV."""
     config = tmp_path / "run.json"
     config.write_text(__import__("json").dumps(tiny_config(tmp_path)))
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     done = subprocess.run([sys.executable, "-m", "attnlab.cli.main", "train", str(config), "--train.threads", "100000"],
                           capture_output=True, text=True, timeout=120, cwd=root,
                           env={**os.environ, "PYTHONPATH": str(root), "ATTNLAB_CACHE": str(tmp_path / "cache")})
