@@ -1,5 +1,5 @@
 """What the Trainer trains on: a task = batches + loss + metrics (+ parameter groups, model
-preparation, data position). Pretraining objectives (`training.pretrain.PretrainTask`) and
+preparation, data position). Pretraining objectives (`training.tasks.pretrain.PretrainTask`) and
 fine-tuning heads (`finetune.tasks_run`) are tasks of the one loop.
 
     class MyTask:

@@ -177,7 +177,7 @@ class RecurrenceTask(Task):
 
     def loss(self, model: nn.Module, batch: dict[str, Tensor], *, label_smoothing: float = 0.0) -> StepLoss:
         """Mean token loss of the segment over the carried memory (the fused output layer and
-        loss of `training.steps`); the new memory is kept for the next segment."""
+        loss of `training.tasks.batch_loss`); the new memory is kept for the next segment."""
         mem_len = self._mem_len(model)
         memory = SegmentMemory(mem_len, None if bool(batch["reset"]) else self.mems) if mem_len else None
         hidden = model.features(batch["input_ids"], mems=memory)
