@@ -134,6 +134,7 @@ class Trainer:
         self.strategy = choose_strategy(config, device, mesh)  # checks a split layout before any data is prepared
         self.device, self.parallel = self.strategy.device, self.strategy.ctx
         self.folder = RunFolder(run.out_dir, writes=self.parallel.is_main)
+        self.out, self.checkpoint_dir, self.history = self.folder.out, self.folder.checkpoints, self.folder.history
         self.log = self.log if self.parallel.is_main else (lambda text: None)
         self.precision = resolve_precision(run.precision, self.device)  # once: "auto" decided, emulated bf16 warned
         torch.manual_seed(run.seed)
@@ -169,18 +170,6 @@ class Trainer:
         self.random = RunRandom(self.device)  # this run's dropout stream (see the module docstring)
         self.step, self.best, self.bad_evals = 0, None, 0
         self._stop = StopRequest()  # a first Ctrl-C / stop signal during fit sets it (run.signals)
-
-    @property
-    def out(self) -> Path:
-        return self.folder.out
-
-    @property
-    def checkpoint_dir(self) -> Path:
-        return self.folder.checkpoints
-
-    @property
-    def history(self) -> dict[str, list[tuple[int, float]]]:
-        return self.folder.history
 
     @property
     def mesh(self) -> Any:
