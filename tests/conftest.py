@@ -84,3 +84,14 @@ def isolated_cache(tmp_path, monkeypatch):
     threads = torch.get_num_threads()
     yield tmp_path / "cache"
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for the module: tiny models on a shared, loaded machine run many times
+    faster so (two spinning OpenMP threads fight the other processes for the cores). A module
+    asks for it with `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

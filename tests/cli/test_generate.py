@@ -15,12 +15,7 @@ from attnlab.tokenizers import Tokenizer
 TEXT = ["the cat sat on the mat", "a dog ran in the park", "hello world, how are you?"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()  # tiny models: one intra-op thread is far faster on a busy machine
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -12,13 +12,7 @@ from attnlab.interop import from_hf
 V, N_PROMPTS, MAX_NEW = 96, 20, 12
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny models on a shared machine run far faster on one intra-op thread
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _gpt2():
