@@ -58,7 +58,6 @@ import math
 import os
 import time
 import warnings
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable
 
@@ -72,12 +71,12 @@ from attnlab.training.optim import Schedule, build_optimizer
 from attnlab.training.run.folder import RunFolder
 from attnlab.training.run.progress import StepResult, StepWindow, setup_line
 from attnlab.training.run.signals import StopRequest, TrainingInterrupted, deferred_stop
-from attnlab.training.run.tensorboard import require_tensorboard, text_samples
+from attnlab.training.run.tensorboard import require_tensorboard
 from attnlab.training.setup.adapters import apply_lora, export_lora
 from attnlab.training.setup.memory import check_training_memory
 from attnlab.training.setup.precision import autocast, resolve_precision, uses_grad_scaler
 from attnlab.training.setup.rng import RunRandom
-from attnlab.training.setup.speedups import CompileClock, checkpoint_activations, compile_layers, has_cxx_compiler
+from attnlab.training.setup.speedups import CompileClock, checkpoint_activations, compile_layers, eager, has_cxx_compiler
 from attnlab.training.setup.threads import set_threads
 from attnlab.training.strategy import choose_strategy
 from attnlab.training.tasks.batch_loss import count_tokens, to_device
@@ -215,35 +214,17 @@ class Trainer:
         return autocast(self.precision, self.device)
 
     def eager(self):
-        """The context evaluation and decoding run in: eagerly where the layers are compiled
-        (train.compile), since a compiled layer would compile again for eval mode and for every
-        length of a decoding cache (torch < 2.6, which has no compiler stances, compiles them)."""
-        stance = getattr(torch.compiler, "set_stance", None)
-        return stance("force_eager") if self.compiled_layers and stance is not None else nullcontext()
+        """The context evaluation and decoding run in (setup.speedups.eager)."""
+        return eager(self.compiled_layers)
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """The task's validation metrics (`val_loss` first); {} for a task without validation."""
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            return self.strategy.evaluate(self.task, self.precision, self.eager)
-        finally:
-            self.model.train(was_training)
+        return self.strategy.evaluate(self.task, self.precision, self.eager)
 
-    @torch.no_grad()
     def samples(self) -> str | None:
         """Greedy samples of the task's validation data as Markdown (attnlab.training.run.tensorboard.
         text_samples), None where the task has none or the model is split (tp, pp); draws no random number."""
-        if not self.strategy.can_sample:
-            return None
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with self.eager(), self.autocast():
-                return text_samples(self.task, self.model, self.device)
-        finally:
-            self.model.train(was_training)
+        return self.strategy.samples(self.task, self.autocast, self.eager)
 
     # ---------------------------------------------------------------- one step
     def accumulate(self, batches: list[dict[str, torch.Tensor]]) -> tuple[float, dict[str, float], bool]:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import os
 import shutil
+from contextlib import AbstractContextManager, nullcontext
 
+import torch
 from torch import nn
 
 from attnlab.config.validate import ConfigError
@@ -85,3 +87,11 @@ class CompileClock:
             newly, self.last = now - self.last, now
         self.laps, self.total = self.laps + 1, self.total + newly
         return newly
+
+
+def eager(compiled: int) -> AbstractContextManager:
+    """The context evaluation and decoding run in: eagerly where `compiled` layers were compiled
+    (train.compile), since a compiled layer would compile again for eval mode and for every length
+    of a decoding cache (torch < 2.6, which has no compiler stances, compiles them)."""
+    stance = getattr(torch.compiler, "set_stance", None)
+    return stance("force_eager") if compiled and stance is not None else nullcontext()

@@ -19,13 +19,14 @@ DDP's mean over dp ranks is undone by a factor dp.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Callable
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
 
 from attnlab.io.checkpoints import load_checkpoint
+from attnlab.training.run.tensorboard import text_samples
 from attnlab.training.strategy.distributed import (ParallelContext, all_reduce_sum, any_rank, data_parallel_loss,
                                                    rank0_first, shard_task)
 from attnlab.training.tasks.protocol import Task
@@ -133,15 +134,27 @@ class SingleProcess:
         return nullcontext()
 
     # ---------------------------------------------------------------- evaluation and files
+    @contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """The block runs in eval mode without gradients; the model's mode is put back after."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self.model.train(was_training)
+
     def evaluate(self, task: Task, precision: str, eager: Callable[[], Any]) -> dict[str, float]:
-        """The task's validation metrics on the model as it is (the caller sets eval mode)."""
-        with eager():
+        """The task's validation metrics (`val_loss` first; {} for a task without validation)."""
+        with self.evaluating(), eager():
             return task.evaluate(self.model, self.device, precision)
 
-    @property
-    def can_sample(self) -> bool:
-        """Whether the model can decode here (a split model cannot)."""
-        return True
+    def samples(self, task: Task, autocast: Callable[[], Any], eager: Callable[[], Any]) -> str | None:
+        """Greedy samples of the task's validation data as Markdown (run.tensorboard.text_samples);
+        None where the task has none."""
+        with self.evaluating(), eager(), autocast():
+            return text_samples(task, self.model, self.device)
 
     def gather(self, optimizer: torch.optim.Optimizer) -> tuple[nn.Module | None, torch.optim.Optimizer | None]:
         """The whole model and optimizer a checkpoint holds (on the rank that writes it)."""

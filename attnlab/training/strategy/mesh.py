@@ -72,11 +72,11 @@ class MeshStrategy(DataParallel):
         return self.hooks.guard(what)
 
     def evaluate(self, task: Task, precision: str, eager: Callable[[], Any]) -> dict[str, float]:
-        return self.hooks.evaluate(task, self.device, precision)  # forward only through the shards and stages
+        with self.evaluating():  # forward only through the shards and stages
+            return self.hooks.evaluate(task, self.device, precision)
 
-    @property
-    def can_sample(self) -> bool:
-        return False
+    def samples(self, task: Task, autocast: Callable[[], Any], eager: Callable[[], Any]) -> None:
+        return None  # a split model does not decode
 
     def gather(self, optimizer: torch.optim.Optimizer) -> tuple[nn.Module | None, torch.optim.Optimizer | None]:
         return self.hooks.gather(optimizer)  # every rank takes part; rank 0 receives the whole
