@@ -133,3 +133,75 @@ def test_the_two_machine_run_resumes_in_one_process(two_nodes, single, capsys):
     resumed = attnlab.load(run).state_dict()  # the run folder: its latest checkpoint
     for name, tensor in single[1].items():
         torch.testing.assert_close(resumed[name], tensor, atol=1e-6, rtol=0, msg=lambda m: f"{name}: {m}")
+
+
+def test_launch_flags_are_taken_out_in_either_form_the_last_one_winning():
+    nproc, nodes, rest = pop_launch(["--optim.lr", "1e-3", "--nnodes", "2", "--rdzv-endpoint=node0:29500",
+                                     "--nproc", "4", "--node-rank=1", "--rdzv-id", "job7", "--resume"])
+    assert (nproc, nodes, rest) == (4, Nodes(2, "node0:29500", 1, "job7"), ["--optim.lr", "1e-3", "--resume"])
+    assert pop_launch(["--nnodes=1", "--nnodes", "3", "--rdzv-endpoint", "h:1"])[1].count == 3
+    assert pop_launch([]) == (1, Nodes(), [])
+
+
+def test_torchrun_is_told_the_machines_and_the_rendezvous(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    cmd = torchrun_command(8, ["train", "run.json"], Nodes(2, "node0:29500"))
+    assert cmd[3:9] == ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=node0:29500", "--rdzv-id=attnlab",
+                        "--nproc-per-node=8", "-m"] and "--standalone" not in cmd
+    cmd = torchrun_command(1, ["train", "run.json"], Nodes(3, "[fe80::1]:29500", rank=2, run_id="r1"))
+    assert cmd[3:9] == ["--nnodes=3", "--rdzv-backend=static", "--node-rank=2", "--rdzv-endpoint=[fe80::1]:29500",
+                        "--rdzv-id=r1", "--nproc-per-node=1"]
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")  # every machine of a SLURM job shares its id
+    assert "--rdzv-id=4242" in torchrun_command(1, ["train"], Nodes(2, "node0:29500"))
+    assert torchrun_command(2, ["train"], Nodes(1))[3:5] == ["--standalone", "--nproc-per-node=2"]
+
+
+@pytest.mark.parametrize("text, expected", [("node0:29500", ("node0", 29500)), ("10.0.0.7:1", ("10.0.0.7", 1)),
+                                            ("[::1]:65535", ("::1", 65535))])
+def test_endpoints(text, expected):
+    assert split_endpoint(text) == expected
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--nnodes", "0"], "--nnodes expects a positive integer, got '0'"),
+    (["--nnodes", "two"], "--nnodes expects a positive integer, got 'two'"),
+    (["--nnodes", "2"], "--nnodes 2 needs --rdzv-endpoint HOST:PORT"),
+    (["--nnodes", "2", "--rdzv-endpoint", "node0"], "--rdzv-endpoint expects HOST:PORT"),
+    (["--nnodes", "2", "--rdzv-endpoint", "node0:"], "--rdzv-endpoint expects HOST:PORT"),
+    (["--nnodes", "2", "--rdzv-endpoint", ":29500"], "--rdzv-endpoint expects HOST:PORT"),
+    (["--nnodes", "2", "--rdzv-endpoint", "node0:70000"], "--rdzv-endpoint expects HOST:PORT"),
+    (["--nnodes", "2", "--rdzv-endpoint", "::1:29500"], "--rdzv-endpoint expects HOST:PORT"),
+    (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--node-rank", "2"],
+     "--node-rank expects an integer from 0 to 1 (--nnodes 2), got 2"),
+    (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--node-rank", "-1"], "--node-rank expects an integer from 0 to 1"),
+    (["--nnodes", "2", "--rdzv-endpoint", "h:1", "--rdzv-id", "my run"], "--rdzv-id expects a name without spaces"),
+    (["--nproc", "0", "--nnodes", "2"], "--nproc expects a positive integer, got '0'"),
+])
+@pytest.mark.parametrize("before_config", [False, True])
+def test_bad_launch_flags_are_refused_before_anything_starts(tmp_path, capsys, flags, message, before_config):
+    (tmp_path / "run.json").write_text(json.dumps(_config(tmp_path / "data", tmp_path / "run", grad_accum=1)))
+    config = [str(tmp_path / "run.json")]
+    assert main(["train", *flags, *config] if before_config else ["train", *config, *flags]) == 2
+    err = capsys.readouterr().err
+    assert f"attnlab train: error: {message}" in err and len(err.strip().splitlines()) == 1, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_layout_is_checked_against_every_process_of_every_machine(tmp_path, capsys):
+    cfg = _config(tmp_path / "data", tmp_path / "run", grad_accum=1)
+    cfg["parallel"] = {"dp": 2}  # 2 processes in all: 2 on each of 2 machines is 4
+    (tmp_path / "run.json").write_text(json.dumps(cfg))
+    assert main(["train", str(tmp_path / "run.json"), "--nproc", "2", "--nnodes", "2", "--rdzv-endpoint", "h:1"]) == 2
+    assert "needs 2 processes, this run has 4" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_interrupted_run_on_several_machines_names_their_flags(monkeypatch):
+    from attnlab.cli.train import _resume_line
+
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert _resume_line("runs/x") == ("attnlab train --resume runs/x --nproc 4 --nnodes 2 --rdzv-endpoint HOST:PORT "
+                                      "(on every machine)")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert _resume_line("runs/x") == "attnlab train --resume runs/x --nproc 8"
