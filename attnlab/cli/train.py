@@ -23,9 +23,10 @@ that resumes it and exit with 128 + the signal's number: 130 (Ctrl-C), 143 (SIGT
 that a live run holds is refused, naming it (the lock is OUT/.attnlab.lock, removed at exit; a
 lock left by a killed run on this machine is taken over).
 
-Scale out with `--nproc N` (it re-launches the command under torchrun; torchrun by hand runs it on
-several machines): N data-parallel replicas by default, or the layout of a `parallel` section,
-`parallel: {tp: 2, pp: 2, micro_batches: 4, schedule: 1f1b}` (tensor x pipeline x data = N,
+Scale out with `--nproc N` (it re-launches the command under torchrun), and over M machines with
+`--nnodes M --rdzv-endpoint HOST:PORT` given on each (HOST:PORT: where they meet, on one of them):
+N x M data-parallel replicas by default, or the layout of a `parallel` section,
+`parallel: {tp: 2, pp: 2, micro_batches: 4, schedule: 1f1b}` (tensor x pipeline x data = N x M,
 attnlab.training.config.ParallelConfig). The layout is checked against the model and the data
 before any process starts; checkpoints hold the whole model, so a run resumes on another layout:
 `attnlab train --resume OUT --parallel.tp 1 --parallel.pp 1` continues it in one process.
