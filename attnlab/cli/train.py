@@ -192,7 +192,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="this machine's number, 0 to M-1, 0 being the machine at HOST (torchrun's static "
                              "rendezvous); left out, the machines are numbered as they meet (c10d)")
     parser.add_argument("--rdzv-id", metavar="NAME",
-                        help="the name the machines meet under, the same on each (default: $SLURM_JOB_ID, else attnlab)")
+                        help="the name the machines meet under, the same on each (default: $SLURM_JOB_ID, else "
+                             "attnlab)")
     parser.add_argument("--resume", nargs=argparse.REMAINDER, metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its saved config and latest checkpoint: attnlab "
                              "train --resume RUN_DIR [--SECTION.FIELD VALUE ...]; after CONFIG, continue CONFIG's run")

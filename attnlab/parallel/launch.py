@@ -181,7 +181,8 @@ class Nodes:
         if self.count == 1:
             return ["--standalone"]
         run_id = self.run_id or os.environ.get("SLURM_JOB_ID") or "attnlab"
-        backend = ["--rdzv-backend=c10d"] if self.rank is None else ["--rdzv-backend=static", f"--node-rank={self.rank}"]
+        static = ["--rdzv-backend=static", f"--node-rank={self.rank}"]  # the rank fixed: no numbering to agree on
+        backend = ["--rdzv-backend=c10d"] if self.rank is None else static
         return [f"--nnodes={self.count}", *backend, f"--rdzv-endpoint={self.endpoint}", f"--rdzv-id={run_id}"]
 
 
