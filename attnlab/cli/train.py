@@ -259,7 +259,13 @@ def _main(args: argparse.Namespace) -> int:
     if launcher and not flags["print_config"]:
         from attnlab.parallel.layout import check_layout
 
-        check_layout(cfg, nproc * nodes.count)  # [parallel] the layout against N x M, the model, the data: one error
+        tp = check_layout(cfg, nproc * nodes.count)[0]  # [parallel] against N x M, the model, the data: one error
+        if nodes.count > 1 and nproc % tp:
+            import warnings
+
+            warnings.warn(f"parallel.tp={tp} does not divide --nproc {nproc}: tensor-parallel groups span machines, "
+                          "and every layer then waits on the network; choose a tp that divides the processes on "
+                          "one machine")
         if nproc * nodes.count > 1:
             return relaunch(nproc, ["train", config, *rest], nodes)
     if flags["print_config"]:

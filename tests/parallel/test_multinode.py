@@ -205,3 +205,20 @@ def test_an_interrupted_run_on_several_machines_names_their_flags(monkeypatch):
                                       "(on every machine)")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     assert _resume_line("runs/x") == "attnlab train --resume runs/x --nproc 8"
+
+
+def test_the_launcher_passes_its_machines_to_torchrun_and_warns_of_tp_across_them(tmp_path, capsys, monkeypatch):
+    import attnlab.parallel.launch as launch
+
+    started = []
+    monkeypatch.setattr(launch, "relaunch", lambda nproc, argv, nodes=None: started.append((nproc, argv, nodes)) or 0)
+    cfg = _config(tmp_path / "data", tmp_path / "run", grad_accum=1)
+    cfg["parallel"] = {"tp": 2}
+    (tmp_path / "run.json").write_text(json.dumps(cfg))
+    run = str(tmp_path / "run.json")
+    assert main(["train", "--nnodes", "2", "--rdzv-endpoint", "h:1", run, "--nproc", "2", "--optim.lr", "1e-3"]) == 0
+    assert main(["train", run, "--nproc", "1", "--nnodes=2", "--rdzv-endpoint=h:1", "--node-rank", "1"]) == 0
+    assert started == [(2, ["train", run, "--optim.lr", "1e-3"], Nodes(2, "h:1")),  # the flags stay here
+                       (1, ["train", run], Nodes(2, "h:1", rank=1))]
+    err = capsys.readouterr().err
+    assert err.count("parallel.tp=2 does not divide --nproc 1: tensor-parallel groups span machines") == 1, err
