@@ -23,9 +23,10 @@ that resumes it and exit with 128 + the signal's number: 130 (Ctrl-C), 143 (SIGT
 that a live run holds is refused, naming it (the lock is OUT/.attnlab.lock, removed at exit; a
 lock left by a killed run on this machine is taken over).
 
-Scale out with `--nproc N` (it re-launches the command under torchrun; torchrun by hand runs it on
-several machines): N data-parallel replicas by default, or the layout of a `parallel` section,
-`parallel: {tp: 2, pp: 2, micro_batches: 4, schedule: 1f1b}` (tensor x pipeline x data = N,
+Scale out with `--nproc N` (it re-launches the command under torchrun), and over M machines with
+`--nnodes M --rdzv-endpoint HOST:PORT` given on each (HOST:PORT: where they meet, on one of them):
+N x M data-parallel replicas by default, or the layout of a `parallel` section,
+`parallel: {tp: 2, pp: 2, micro_batches: 4, schedule: 1f1b}` (tensor x pipeline x data = N x M,
 attnlab.training.config.ParallelConfig). The layout is checked against the model and the data
 before any process starts; checkpoints hold the whole model, so a run resumes on another layout:
 `attnlab train --resume OUT --parallel.tp 1 --parallel.pp 1` continues it in one process.
@@ -178,10 +179,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                           "runs/shakespeare-char")
     parser.add_argument("config", nargs="?",
                         help="run config (.yaml, .yml or .json), or a run folder (or its config.json) to rebuild")
-    parser.add_argument("--nproc", type=int, default=1,
+    parser.add_argument("--nproc", metavar="N",
                         help="processes on this machine: re-launches itself under torchrun (gloo on CPU, NCCL on "
-                             "GPU); data parallel, or the config's parallel section (tp x pp x dp = N); also "
-                             "accepted after CONFIG")
+                             "GPU); data parallel, or the config's parallel section (tp x pp x dp = N x M); also "
+                             "accepted after CONFIG, as are the flags below")
+    parser.add_argument("--nnodes", metavar="M",
+                        help="machines of the run, each running this command with the same --rdzv-endpoint (default 1)")
+    parser.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
+                        help="with --nnodes > 1: where the machines meet before starting, the first machine's host "
+                             "name or address and a port open to the others (e.g. node0:29500)")
+    parser.add_argument("--node-rank", metavar="R",
+                        help="this machine's number, 0 to M-1, 0 being the machine at HOST (torchrun's static "
+                             "rendezvous); left out, the machines are numbered as they meet (c10d)")
+    parser.add_argument("--rdzv-id", metavar="NAME",
+                        help="the name the machines meet under, the same on each (default: $SLURM_JOB_ID, else "
+                             "attnlab)")
     parser.add_argument("--resume", nargs=argparse.REMAINDER, metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its saved config and latest checkpoint: attnlab "
                              "train --resume RUN_DIR [--SECTION.FIELD VALUE ...]; after CONFIG, continue CONFIG's run")
@@ -210,15 +222,33 @@ def _command_line(args: argparse.Namespace) -> tuple[str, list[str]]:
     return config, items
 
 
+def _launch_flags(args: argparse.Namespace) -> list[str]:
+    """The launcher's flags given before CONFIG, as items (the same flags after CONFIG win)."""
+    given = {"--nproc": args.nproc, "--nnodes": args.nnodes, "--node-rank": args.node_rank,
+             "--rdzv-endpoint": args.rdzv_endpoint, "--rdzv-id": args.rdzv_id}
+    return [f"{flag}={value}" for flag, value in given.items() if value is not None]
+
+
+def _resume_line(out_dir: str) -> str:
+    """The command that continues this run on the processes (and machines) it ran on."""
+    import os
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    again = ["attnlab", "train", "--resume", str(out_dir)] + ["--nproc", str(local)] * (world > 1)
+    if local < world:  # [parallel] several machines: the same command on each, as it started
+        return shlex.join([*again, "--nnodes", str(world // local)]) + " --rdzv-endpoint HOST:PORT (on every machine)"
+    return shlex.join(again)
+
+
 def _main(args: argparse.Namespace) -> int:
     import os
     import sys
 
-    from attnlab.parallel.launch import pop_nproc, relaunch
+    from attnlab.parallel.launch import pop_launch, relaunch
 
     config, items = _command_line(args)
-    nproc, rest = pop_nproc(items)  # [parallel] --nproc N: run this command under torchrun
-    nproc = max(nproc, args.nproc)
+    nproc, nodes, rest = pop_launch(_launch_flags(args) + items)  # [parallel] --nproc N [--nnodes M ...]: torchrun
     launcher = "WORLD_SIZE" not in os.environ  # not yet one of torchrun's processes
     main_rank = os.environ.get("RANK", "0") == "0"
     if not main_rank:
@@ -229,9 +259,15 @@ def _main(args: argparse.Namespace) -> int:
     if launcher and not flags["print_config"]:
         from attnlab.parallel.layout import check_layout
 
-        check_layout(cfg, nproc)  # [parallel] the layout against N, the model and the data: one error, not N
-        if nproc > 1:
-            return relaunch(nproc, ["train", config, *rest])
+        tp = check_layout(cfg, nproc * nodes.count)[0]  # [parallel] against N x M, the model, the data: one error
+        if nodes.count > 1 and nproc % tp:
+            import warnings
+
+            warnings.warn(f"parallel.tp={tp} does not divide --nproc {nproc}: tensor-parallel groups span machines, "
+                          "and every layer then waits on the network; choose a tp that divides the processes on "
+                          "one machine")
+        if nproc * nodes.count > 1:
+            return relaunch(nproc, ["train", config, *rest], nodes)
     if flags["print_config"]:
         print(json.dumps(cfg.to_dict(), indent=2), flush=True)
         return 0
@@ -257,9 +293,7 @@ def _main(args: argparse.Namespace) -> int:
             print(f"attnlab train: error: {err}", file=sys.stderr, flush=True)
             return 1
         except TrainingInterrupted as err:
-            world = int(os.environ.get("WORLD_SIZE", "1"))
-            again = ["attnlab", "train", "--resume", str(cfg.train.out_dir)] + ["--nproc", str(world)] * (world > 1)
-            print(f"attnlab train: {err}\nresume with: {shlex.join(again)}", file=sys.stderr, flush=True)
+            print(f"attnlab train: {err}\nresume with: {_resume_line(cfg.train.out_dir)}", file=sys.stderr, flush=True)
             return err.exit_status  # 128 + the signal's number: 130 Ctrl-C, 143 SIGTERM, 138 SIGUSR1
     print("summary: " + json_text(summary), flush=True)  # strict JSON: a NaN loss as null
     from attnlab.parallel import shutdown

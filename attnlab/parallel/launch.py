@@ -5,7 +5,10 @@
 Each rank runs `fn(ctx, *args)` with a ParallelContext (gloo on CPU) and sends back its return
 value or its traceback. The parent waits at most `timeout_s`; a rank still running then is
 killed. Any failure raises `WorkerError` naming each rank's fate, so a bug cannot hang the caller.
-For real runs use torchrun (`attnlab train --nproc N` re-launches itself with it).
+
+Real runs go through torchrun: `attnlab train --nproc N` re-launches itself under it (`relaunch`),
+on this machine or, with `--nnodes M --rdzv-endpoint HOST:PORT`, as one of M machines that meet
+at HOST:PORT before their processes start (`Nodes`, `pop_launch`).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import queue
 import socket
 import time
 import traceback
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -128,6 +132,98 @@ def spawn(fn: Callable[..., Any], world_size: int = 2, *, args: tuple = (), tp: 
     return [values[r] for r in range(world_size)]
 
 
+LAUNCH_FLAGS = ("--nproc", "--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-id")
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """The machines of a run and where they meet (torchrun's rendezvous).
+
+    One machine (`count` 1) needs nothing else. On several, every machine runs the same command
+    with the same `endpoint`, HOST:PORT on one of them (the first, by convention), where the
+    launchers meet before any process starts. Without `rank`, the c10d rendezvous numbers the
+    machines as they meet: the same command on every machine (an `srun` line). With `rank`, the
+    static rendezvous fixes the numbering: machine `rank` runs global ranks `rank * nproc` to
+    `rank * nproc + nproc - 1`, and machine 0 must be the one at HOST (it holds the meeting point).
+
+    Attributes:
+        count: machines (`--nnodes`).
+        endpoint: HOST:PORT where the machines meet (`--rdzv-endpoint`), needed when count > 1.
+        rank: this machine's number from 0 (`--node-rank`); None: numbered at the rendezvous.
+        run_id: the name the machines meet under (`--rdzv-id`); None: $SLURM_JOB_ID, else "attnlab".
+
+    Raises:
+        ValueError: count < 1, a rank outside 0..count-1, no endpoint on several machines, an
+            endpoint that is not HOST:PORT, an empty run id or one with spaces.
+    """
+
+    count: int = 1
+    endpoint: str | None = None
+    rank: int | None = None
+    run_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"--nnodes expects a positive integer, got {self.count}")
+        if self.rank is not None and not 0 <= self.rank < self.count:
+            raise ValueError(f"--node-rank expects an integer from 0 to {self.count - 1} (--nnodes {self.count}), "
+                             f"got {self.rank}")
+        if self.count > 1 and self.endpoint is None:
+            raise ValueError(f"--nnodes {self.count} needs --rdzv-endpoint HOST:PORT, where the machines meet: the "
+                             "first machine's host name or address and a port open to the others (e.g. node0:29500)")
+        if self.endpoint is not None:
+            split_endpoint(self.endpoint)
+        if self.run_id is not None and (not self.run_id or any(c.isspace() for c in self.run_id)):
+            raise ValueError(f"--rdzv-id expects a name without spaces, the same on every machine, got {self.run_id!r}")
+
+    def torchrun_flags(self) -> list[str]:
+        """torchrun's options for these machines (the processes per machine apart)."""
+        if self.count == 1:
+            return ["--standalone"]
+        run_id = self.run_id or os.environ.get("SLURM_JOB_ID") or "attnlab"
+        static = ["--rdzv-backend=static", f"--node-rank={self.rank}"]  # the rank fixed: no numbering to agree on
+        backend = ["--rdzv-backend=c10d"] if self.rank is None else static
+        return [f"--nnodes={self.count}", *backend, f"--rdzv-endpoint={self.endpoint}", f"--rdzv-id={run_id}"]
+
+
+def split_endpoint(text: str) -> tuple[str, int]:
+    """`"node0:29500"` -> ("node0", 29500); an IPv6 address goes in brackets: `"[::1]:29500"`.
+
+    Raises:
+        ValueError: not HOST:PORT with a port from 1 to 65535.
+    """
+    host, _, port = text.rpartition(":")
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not bare or (":" in bare and bare == host) or any(c.isspace() or c in "[]/" for c in bare) \
+            or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"--rdzv-endpoint expects HOST:PORT, a host name or address and a port from 1 to 65535 "
+                         f"(e.g. node0:29500 or [fe80::1]:29500), got {text!r}")
+    return bare, int(port)
+
+
+def _take_flags(items: list[str], names: tuple[str, ...]) -> tuple[dict[str, str], list[str]]:
+    """Take `--NAME VALUE` / `--NAME=VALUE` out of `items` for each of `names` (the last one given wins)."""
+    found, rest, i = {}, [], 0
+    while i < len(items):
+        item = items[i]
+        name, sep, raw = item.partition("=")
+        if name in names:
+            if not sep:
+                raw = items[i + 1] if i + 1 < len(items) else ""
+            found[name] = raw
+            i += 1 if sep else 2
+            continue
+        rest.append(item)
+        i += 1
+    return found, rest
+
+
+def _positive(flag: str, raw: str) -> int:
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{flag} expects a positive integer, got {raw!r}")
+    return int(raw)
+
+
 def pop_nproc(items: list[str]) -> tuple[int, list[str]]:
     """Take `--nproc N` / `--nproc=N` out of a command's trailing arguments.
 
@@ -137,31 +233,45 @@ def pop_nproc(items: list[str]) -> tuple[int, list[str]]:
     Raises:
         ValueError: a value that is not a positive integer.
     """
-    rest, nproc, i = [], 1, 0
-    while i < len(items):
-        item = items[i]
-        if item == "--nproc" or item.startswith("--nproc="):
-            raw = item.partition("=")[2] if "=" in item else (items[i + 1] if i + 1 < len(items) else "")
-            i += 1 if "=" in item else 2
-            if not raw.isdigit() or int(raw) < 1:
-                raise ValueError(f"--nproc expects a positive integer, got {raw!r}")
-            nproc = int(raw)
-            continue
-        rest.append(item)
-        i += 1
-    return nproc, rest
+    found, rest = _take_flags(items, ("--nproc",))
+    return (_positive("--nproc", found["--nproc"]) if "--nproc" in found else 1), rest
 
 
-def torchrun_command(nproc: int, argv: list[str]) -> list[str]:
-    """The command that starts `attnlab ARGV` on `nproc` local processes with torch.distributed.run."""
+def pop_launch(items: list[str]) -> tuple[int, Nodes, list[str]]:
+    """Take the launcher's flags (`LAUNCH_FLAGS`: --nproc, --nnodes, --node-rank, --rdzv-endpoint,
+    --rdzv-id) out of a command's arguments, as `--FLAG VALUE` or `--FLAG=VALUE`.
+
+        pop_launch(["--nnodes", "2", "--rdzv-endpoint=node0:29500", "--optim.lr", "1e-3"])
+        -> (1, Nodes(count=2, endpoint="node0:29500"), ["--optim.lr", "1e-3"])
+
+    Returns:
+        (processes per machine, the machines, the other items); 1 and one machine when absent.
+
+    Raises:
+        ValueError: a bad value, naming the flag (see Nodes).
+    """
+    found, rest = _take_flags(items, LAUNCH_FLAGS)
+    nproc = _positive("--nproc", found["--nproc"]) if "--nproc" in found else 1
+    count = _positive("--nnodes", found["--nnodes"]) if "--nnodes" in found else 1
+    rank = found.get("--node-rank")
+    if rank is not None and not rank.isdigit():
+        raise ValueError(f"--node-rank expects an integer from 0 to {count - 1} (--nnodes {count}), got {rank!r}")
+    nodes = Nodes(count, found.get("--rdzv-endpoint"), None if rank is None else int(rank), found.get("--rdzv-id"))
+    return nproc, nodes, rest
+
+
+def torchrun_command(nproc: int, argv: list[str], nodes: Nodes | None = None) -> list[str]:
+    """The command that starts `attnlab ARGV` on `nproc` processes of this machine with
+    torch.distributed.run: alone (`--standalone`), or as one of `nodes.count` machines."""
     import sys
 
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-            "-m", "attnlab.cli.main", *argv]
+    return [sys.executable, "-m", "torch.distributed.run", *(nodes or Nodes()).torchrun_flags(),
+            f"--nproc-per-node={nproc}", "-m", "attnlab.cli.main", *argv]
 
 
-def relaunch(nproc: int, argv: list[str]) -> int:
-    """Run `attnlab ARGV` under torchrun on `nproc` processes and wait for it.
+def relaunch(nproc: int, argv: list[str], nodes: Nodes | None = None) -> int:
+    """Run `attnlab ARGV` under torchrun on `nproc` processes of this machine (of each of
+    `nodes.count` machines: see Nodes) and wait for it.
 
     A stop signal sent to this process alone (Kubernetes signals a container's first process,
     `timeout` and `kill` the one they name) is passed on to torchrun as SIGTERM, which it forwards
@@ -177,8 +287,9 @@ def relaunch(nproc: int, argv: list[str]) -> int:
 
     from attnlab.training.run.signals import STOP_SIGNALS, exit_status
 
-    print("launching: " + " ".join(torchrun_command(nproc, argv)), flush=True)
-    proc = subprocess.Popen(torchrun_command(nproc, argv))
+    command = torchrun_command(nproc, argv, nodes)
+    print("launching: " + " ".join(command), flush=True)
+    proc = subprocess.Popen(command)
     got: list[str] = []
 
     def pass_on(signum: int, frame: Any) -> None:
