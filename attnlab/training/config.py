@@ -513,9 +513,23 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
 
-    def model_config(self) -> ModelConfig:
-        """The ModelConfig to build: the model section without its run fields (init_from, ...)."""
-        return ModelConfig.from_dict({f.name: getattr(self.model, f.name) for f in dataclasses.fields(ModelConfig)})
+    def model_config(self, **changes: Any) -> ModelConfig:
+        """The ModelConfig to build: the model section without its run fields (init_from, ...),
+        with `changes` (the tokenizer's vocab_size and pad_token_id) applied.
+
+        The section was validated when this config was built, so without changes it is copied as
+        it is; with changes the result is validated once, as the config the model is built from.
+
+        Raises:
+            ConfigError: a change the model does not take (a pad_token_id outside the vocabulary ...).
+        """
+        values = {f.name: getattr(self.model, f.name) for f in dataclasses.fields(ModelConfig)}
+        if changes:
+            return ModelConfig.from_dict({**values, **changes})
+        plain = object.__new__(ModelConfig)  # validated already: no second __post_init__
+        for name, value in copy.deepcopy(values).items():
+            setattr(plain, name, value)
+        return plain
 
 
 # the fields of a run config that name a file or folder

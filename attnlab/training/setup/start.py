@@ -70,8 +70,7 @@ def pretrain_setup(config: TrainConfig, out: Path, *, pipeline: DataPipeline | N
     if model is None:
         from attnlab.models import build_model
 
-        model_cfg = config.model_config()
-        model = build_model(model_cfg.replace(**pipeline.model_overrides(model_cfg.arch)))
+        model = build_model(config.model_config(**pipeline.model_overrides(config.model.arch)))  # validated once
         if config.lora is not None:
             warnings.warn("lora without model.init_from: the adapters train over randomly initialised base "
                           "weights, which stay frozen; set model.init_from to a pretrained model", UserWarning,
