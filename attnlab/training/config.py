@@ -443,12 +443,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        implied = objective_fields(self.data.objective, self.data.nsp, self.model.arch, self.data.span_boundary)
-        if any(getattr(self.model, k) != v for k, v in implied.items()):  # a typed model built in Python
-            try:
-                self.model = self.model.replace(**implied)
-            except ConfigError as err:
-                raise err.moved("", "model") from None
+        self._apply_objective()
         check_run(self)  # what one section asks of another (attnlab.training.run_checks)
         if self.model.add_special_tokens and not self.model.init_from:
             raise ConfigError("model.add_special_tokens", "needs model.init_from (tokens are added to a pretrained "
@@ -458,6 +453,23 @@ class TrainConfig:
             warnings.warn(f"schedule.warmup_steps={warmup} >= train.max_steps={steps}: the whole run is warm-up "
                           f"(the learning rate peaks at step {warmup}, the run ends at step {steps}); lower "
                           "schedule.warmup_steps or raise train.max_steps", UserWarning, stacklevel=3)
+
+    def _apply_objective(self) -> None:
+        """A model built in Python (a preset's ModelConfig) gets the fields data.objective implies,
+        with a warning listing them; read from plain data (`from_dict`) it has them already, applied
+        and listed by `expand_run` (`resolve`)."""
+        data = self.data
+        fields = objective_fields(data.objective, data.nsp, self.model.arch, data.span_boundary)
+        current = {name: getattr(self.model, name) for name in fields}
+        if current == fields:
+            return
+        _, implied = apply_objective(current, (), data.objective, data.nsp, data.span_boundary)
+        try:
+            self.model = self.model.replace(**fields)
+        except ConfigError as err:
+            raise err.moved("", "model") from None
+        warnings.warn("; ".join(map(str, implied)) + " (the model given to TrainConfig is changed to fit its data "
+                      "section)", UserWarning, stacklevel=4)
 
     @classmethod
     def expand_dict(cls, data: dict[str, Any]) -> dict[str, Any]:

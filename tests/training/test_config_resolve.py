@@ -2,6 +2,7 @@
 field the user set (attnlab.training.config_resolve, TrainConfig.resolve)."""
 
 import json
+import warnings
 
 import pytest
 
@@ -134,3 +135,13 @@ def test_the_model_section_is_validated_once_on_its_way_to_the_model(monkeypatch
     assert len(calls) == 1 and (built.vocab_size, built.pad_token_id, built.num_layers) == (90, 3, 3)
     with pytest.raises(ConfigError, match=r"pad_token_id: 95 is outside the vocabulary \[0, 90\)"):
         cfg.model_config(vocab_size=90, pad_token_id=95)
+
+
+def test_a_model_built_in_python_is_changed_with_a_warning():
+    with pytest.warns(UserWarning, match=r"model\.arch: decoder \(data\.objective='causal_lm' implies it\); "
+                                         r"model\.head: lm .*the model given to TrainConfig is changed") as seen:
+        typed = TrainConfig(model=presets.get("tiny-encoder"))
+    assert typed.model.arch == "decoder" and seen[0].filename == __file__  # the warning points at the caller
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a model that already fits: nothing to say
+        TrainConfig(model=presets.get("tiny-decoder"))
