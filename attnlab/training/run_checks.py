@@ -10,11 +10,14 @@ config file, an override or a config built in Python are refused on load, before
       data.max_pair_len      a pair's side is max_pair_len + 1) must fit a learned or binary table
     the attention kernel   x parallel.tp (heads split over ranks) and parallel.pp (token ids seen
                              by the first stage only)
+    parallel.tp / pp       x train.precision fp16, lora, train.compile, model.memory_len, data.nsp /
+                             span_boundary; pp x train.activation_checkpointing, data.batch_tokens,
+                             parallel.micro_batches against a step's rows (`check_sharded_run`)
     the attention kernel   x data.objective: a bidirectional-only kernel cannot train a decoder
                              (refused where the objective sets model.arch: attnlab.training.config_resolve)
 
-What the layout asks besides the kernel (heads divisible by tp, layers for pp, fp16, LoRA ...)
-needs the number of processes or is the parallel package's own: attnlab.parallel.layout.check_layout.
+What the layout asks of the model's shape (heads divisible by tp, layers for pp, ...) and the
+number of processes are the parallel package's: attnlab.parallel.layout.check_layout.
 The library functions that run outside a run keep their own guard (`tensor_parallel`,
 `split_stages`, `MultiHeadAttention`, a decoder given `document_ids`): a direct call with a kernel
 they cannot run is refused there too.
@@ -29,7 +32,7 @@ from attnlab.config.validate import ConfigError
 from attnlab.training.data.objectives import OBJECTIVES
 
 __all__ = ["TABLE_POSITIONS", "check_kernel_layout", "check_packing", "check_positions", "check_run",
-           "longest_pair_within"]
+           "check_sharded_run", "longest_pair_within"]
 
 # position schemes whose table ends at position.max_len (attnlab.nn.positions)
 TABLE_POSITIONS = ("learned", "binary")
@@ -47,6 +50,7 @@ def check_run(config: Any) -> None:
     check_packing(config.data, config.model)
     check_positions(config.data, config.model)
     check_kernel_layout(config.model, config.parallel)
+    check_sharded_run(config)
 
 
 def check_packing(data: Any, model: Any) -> None:
@@ -124,3 +128,47 @@ def check_kernel_layout(model: Any, parallel: Any) -> None:
         raise ConfigError("parallel.pp", f"{pp}: pipeline parallel (pp={pp}) does not support attention.kernel="
                           f"{att.kernel!r} with these options: it picks tokens by id, which only the first stage "
                           "sees")
+
+
+def check_sharded_run(config: Any) -> None:
+    """What a tensor- or pipeline-parallel layout asks of the rest of the run: no fp16 (a loss
+    scaler per rank), LoRA, torch.compile, segment memory (tp) or next-sentence / span-boundary
+    head (their losses are not split); under pp, no activation checkpointing (the stages call the
+    layers themselves), no data.batch_tokens (batches of varying rows), and micro_batches dividing
+    the rows of a step.
+
+    Raises:
+        ConfigError: naming the field, its value and the axis that refuses it.
+    """
+    par, data, run = config.parallel, config.data, config.train
+    if not par.sharded:
+        return
+    axis = f"parallel.tp={par.tp}" if par.pp == 1 else f"parallel.pp={par.pp}" if par.tp == 1 else \
+        f"parallel.tp={par.tp} x pp={par.pp}"
+    if run.precision == "fp16":
+        raise ConfigError("train.precision", f"'fp16' (a loss scaler per rank) is not supported with {axis}; "
+                          "use bf16 or fp32")
+    if config.lora is not None:
+        raise ConfigError("lora", f"adapters are not supported with {axis}; train them with data parallel alone")
+    if run.compile:
+        raise ConfigError("train.compile", f"true is not supported with {axis}; set it to false")
+    if data.nsp or data.span_boundary:
+        field = "data.nsp" if data.nsp else "data.span_boundary"
+        raise ConfigError(field, f"true is not supported with {axis}: its head's loss is not split over the "
+                          "processes; train it with data parallel alone")
+    if par.tp > 1 and config.model.memory_len:
+        raise ConfigError("model.memory_len", f"{config.model.memory_len} (a segment memory) is not supported with "
+                          f"parallel.tp={par.tp}; train it in one process or with data parallel alone")
+    if par.pp == 1:
+        return
+    if run.activation_checkpointing:
+        raise ConfigError("train.activation_checkpointing", f"true is not supported with {axis}: the pipeline's "
+                          "stages call the layers themselves; set it to false")
+    if data.batch_tokens is not None:
+        raise ConfigError("data.batch_tokens", f"{data.batch_tokens} is not supported with {axis}: its batches "
+                          "hold a varying number of rows, which parallel.micro_batches cannot cut alike; use "
+                          "data.batch_size")
+    rows = data.batch_size * run.grad_accum
+    if rows % par.micro_batches:
+        raise ConfigError("parallel.micro_batches", f"{par.micro_batches} does not divide the {rows} rows of a "
+                          f"step (data.batch_size={data.batch_size} x train.grad_accum={run.grad_accum})")

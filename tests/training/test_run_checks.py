@@ -77,3 +77,19 @@ def test_a_kernel_that_picks_tokens_by_id_against_pipeline_parallel():
                                                    "kernel_options": {"window": 4, "global_token_id": 1}})
     with pytest.raises(ConfigError, match=r"^parallel\.pp: 2:"):  # check_run on its own, as the setup calls it
         check_run(config)
+
+
+@pytest.mark.parametrize("sections, message", [
+    ({"parallel": {"tp": 2}, "train": {"precision": "fp16"}},
+     "train.precision: 'fp16' (a loss scaler per rank) is not supported with parallel.tp=2; use bf16 or fp32"),
+    ({"parallel": {"tp": 2}, "model": {"preset": "tiny-decoder", "memory_len": 8, "position": {"scheme": "rotary"}}},
+     "model.memory_len: 8 (a segment memory) is not supported with parallel.tp=2"),
+    ({"parallel": {"pp": 2, "micro_batches": 3}, "data": {"batch_size": 4}},
+     "parallel.micro_batches: 3 does not divide the 4 rows of a step"),
+])
+def test_what_a_layout_asks_of_the_other_sections_is_refused_on_load(sections, message):
+    """Without the number of processes: refused when the config is read, not when N ranks start."""
+    with pytest.raises(ConfigError) as info:
+        TrainConfig.from_dict(sections)
+    assert str(info.value).startswith(message)
+    TrainConfig.from_dict({**sections, "parallel": {}})  # one process: nothing to refuse
