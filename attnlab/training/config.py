@@ -419,7 +419,7 @@ def expand_run(data: dict[str, Any]) -> tuple[dict[str, Any], list[Implied]]:
     known = isinstance(objective, str) and objective in OBJECTIVES  # a list is unhashable: the type check says so
     implied: list[Implied] = []
     if known and isinstance(nsp, bool) and isinstance(sbo, bool) and model.get("arch") != "rnn_encoder_decoder":
-        user_set = set(raw) - {"preset"} if "preset" in raw else set(raw)
+        user_set = {name for name, value in raw.items() if value is not None} - {"preset"}  # null: the default
         model, implied = apply_objective(model, user_set, objective, nsp, sbo)  # anything else: __post_init__ says why
     return {**data, "model": model, "data": section}, implied  # a data section left out: DataConfig's own defaults
 

@@ -145,3 +145,8 @@ def test_a_model_built_in_python_is_changed_with_a_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a model that already fits: nothing to say
         TrainConfig(model=presets.get("tiny-decoder"))
+
+
+def test_a_field_written_as_null_is_left_to_the_data():
+    resolved = TrainConfig.resolve({"model": {"preset": "tiny-decoder", "head": None}, "data": {"objective": "masked_lm"}})
+    assert resolved.config.model.head == "mlm" and "model.head" in _fields(resolved)
