@@ -2,9 +2,11 @@
 
 Dotted overrides follow the config file: `--model.num_layers 4`, `--optim.lr=3e-4`,
 `--train.out_dir runs/x` (values are parsed as JSON when they parse: numbers, true/false,
-null, lists). One line tells the resolved setup (model, parameters, data, steps, precision);
-the whole resolved config is saved as OUT/config.json with the seed and versions (`--print-config`
-prints it and stops); checkpoints go to OUT/checkpoints/, metrics to OUT/metrics.jsonl, the loss
+null, lists). One line tells the resolved setup (model, parameters, data, steps, precision),
+after a line per model field the data section set (`implied: model.arch: encoder
+(data.objective='masked_lm' implies it)`: a field you set yourself is never replaced, a different
+value there is refused); the whole resolved config is saved as OUT/config.json with the seed and
+versions (`--print-config` prints it on stdout, the implied lines on stderr, and stops); checkpoints go to OUT/checkpoints/, metrics to OUT/metrics.jsonl, the loss
 curve to OUT/loss.png.
 
 Continue a run from its folder alone: `attnlab train --resume OUT` rebuilds it from OUT/config.json
@@ -53,6 +55,7 @@ from attnlab.config.load import apply_overrides, load_config_file, parse_value
 
 if TYPE_CHECKING:  # the training code (and torch) load when a command runs, not for --help
     from attnlab.training.config import TrainConfig
+    from attnlab.training.config_resolve import Resolved
 
 
 def parse_overrides(items: list[str]) -> tuple[list[tuple[str, object]], dict[str, bool]]:
@@ -83,8 +86,9 @@ def parse_overrides(items: list[str]) -> tuple[list[tuple[str, object]], dict[st
     return overrides, flags
 
 
-def resolve(config_path: str, overrides: list[tuple[str, object]], *, resume: bool = False) -> TrainConfig:
-    """Read a run config, apply dotted overrides, validate.
+def resolve(config_path: str, overrides: list[tuple[str, object]], *, resume: bool = False) -> Resolved:
+    """Read a run config, apply dotted overrides, validate: the run config, and the model fields
+    its data section implied (TrainConfig.resolve; with model.init_from, those set on the folder's model).
 
     `config_path` is a config file, or a run folder (or its config.json) written by `attnlab
     train`: then the resolved config saved there is the base, with `train.out_dir` that folder.
@@ -96,17 +100,19 @@ def resolve(config_path: str, overrides: list[tuple[str, object]], *, resume: bo
     """
     from attnlab.io.checkpoints import saved_run_config
     from attnlab.training.config import TrainConfig
-    from attnlab.training.setup.start import resolve_init_from
+    from attnlab.training.setup.start import read_init_from
 
     path = _config_file(Path(config_path))
     data = load_config_file(path)
     saved = saved_run_config(data)
     if saved is not None:  # a run folder's config.json: the run is where the file is
         data = apply_overrides(saved, [("train.out_dir", str(path.parent))])
-    cfg = resolve_init_from(TrainConfig.from_dict(apply_overrides(data, overrides)))  # the model it starts from
+    resolved = TrainConfig.resolve(data, overrides)
+    if resolved.config.model.init_from:  # the model it starts from: its fields, and what the data sets on them
+        resolved = read_init_from(resolved.config)
     if resume:
-        _check_same_model(cfg, from_run=saved is not None)
-    return cfg
+        _check_same_model(resolved.config, from_run=saved is not None)
+    return resolved
 
 
 def _config_file(path: Path) -> Path:
@@ -255,7 +261,7 @@ def _main(args: argparse.Namespace) -> int:
         sys.stdout = open(os.devnull, "w")  # [parallel] rank 0 prints
     overrides, flags = parse_overrides(rest)
     # the model section too is validated here, before the data is prepared (and before N processes start)
-    cfg = resolve(config, overrides, resume=flags["resume"])
+    cfg, implied = resolve(config, overrides, resume=flags["resume"])
     if launcher and not flags["print_config"]:
         from attnlab.parallel.layout import check_layout
 
@@ -268,6 +274,8 @@ def _main(args: argparse.Namespace) -> int:
                           "one machine")
         if nproc * nodes.count > 1:
             return relaunch(nproc, ["train", config, *rest], nodes)
+    for line in implied:  # once, before the setup line (rank 0: the others print nowhere)
+        print(f"implied: {line}", file=sys.stderr if flags["print_config"] else sys.stdout, flush=True)
     if flags["print_config"]:
         print(json.dumps(cfg.to_dict(), indent=2), flush=True)
         return 0

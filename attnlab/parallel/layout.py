@@ -7,12 +7,10 @@ Trainer again with the world torchrun gives it.
               experts, no RNN (attnlab.parallel.tensor.check_supported); pp: at least pp layers
               (an encoder-decoder's encoder and decoder layers together), a decoder, encoder or
               encoder-decoder with a per-token head (attnlab.parallel.stages.check_pipeline_supported)
-    data      pp: every objective and packing (their masks and target ids go to every stage), with
-              batch_size x grad_accum rows divisible by micro_batches (so no data.batch_tokens,
-              whose batches vary in rows); tp and pp: no next-sentence or span-boundary head
-              (their losses are not split)
-    run       tp and pp: no fp16 loss scaling, LoRA, torch.compile or segment memory; pp: no
-              activation checkpointing (the stages call the layers themselves)
+    run       what the layout asks of the other sections without N (no fp16, LoRA, torch.compile,
+              segment memory, NSP / SBO heads under tp or pp; micro_batches dividing a step's rows,
+              no activation checkpointing or data.batch_tokens under pp; the attention kernel) is
+              refused when the config is read: attnlab.training.run_checks.check_run
 
 A vocabulary tp does not divide needs no check: tensor parallel pads it (attnlab.parallel.tensor).
 Every error is a ConfigError naming the field, the value and the axis that refuses it.
@@ -44,7 +42,6 @@ def check_layout(config: TrainConfig, world_size: int) -> tuple[int, int, int]:
         raise ConfigError("parallel", str(err)) from None
     if par.sharded:
         _check_model(config)
-        _check_run(config)
     return par.tp, par.pp, dp
 
 
@@ -63,36 +60,4 @@ def _check_model(config: TrainConfig) -> None:
         check_pipeline_supported(model, pp)
     except ValueError as err:
         raise ConfigError("parallel.pp", f"{pp}: {err}") from None
-    if model.memory_len:
-        raise ConfigError("model.memory_len", f"{model.memory_len} (a segment memory) is not supported with "
-                          f"parallel.tp={tp}; train it in one process or with data parallel alone")
 
-
-def _check_run(config: TrainConfig) -> None:
-    par, data, run = config.parallel, config.data, config.train
-    axis = f"parallel.tp={par.tp}" if par.pp == 1 else f"parallel.pp={par.pp}" if par.tp == 1 else \
-        f"parallel.tp={par.tp} x pp={par.pp}"
-    if run.precision == "fp16":
-        raise ConfigError("train.precision", f"'fp16' (a loss scaler per rank) is not supported with {axis}; "
-                          "use bf16 or fp32")
-    if config.lora is not None:
-        raise ConfigError("lora", f"adapters are not supported with {axis}; train them with data parallel alone")
-    if run.compile:
-        raise ConfigError("train.compile", f"true is not supported with {axis}; set it to false")
-    if data.nsp or data.span_boundary:
-        field = "data.nsp" if data.nsp else "data.span_boundary"
-        raise ConfigError(field, f"true is not supported with {axis}: its head's loss is not split over the "
-                          "processes; train it with data parallel alone")
-    if par.pp == 1:
-        return
-    if run.activation_checkpointing:
-        raise ConfigError("train.activation_checkpointing", f"true is not supported with {axis}: the pipeline's "
-                          "stages call the layers themselves; set it to false")
-    if data.batch_tokens is not None:
-        raise ConfigError("data.batch_tokens", f"{data.batch_tokens} is not supported with {axis}: its batches "
-                          "hold a varying number of rows, which parallel.micro_batches cannot cut alike; use "
-                          "data.batch_size")
-    rows = data.batch_size * run.grad_accum
-    if rows % par.micro_batches:
-        raise ConfigError("parallel.micro_batches", f"{par.micro_batches} does not divide the {rows} rows of a "
-                          f"step (data.batch_size={data.batch_size} x train.grad_accum={run.grad_accum})")

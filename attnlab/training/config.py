@@ -10,8 +10,14 @@ section is a preset name under `preset` plus any `ModelConfig` field (nested fie
 the preset's), or `init_from` (a pretrained folder, see attnlab.training.setup.start); on load it becomes
 a typed `TrainModelConfig`. What the data decides is filled in two steps:
 
-    on load          arch and head (and BERT's NSP parts) follow data.objective (`objective_fields`)
-    tokenizer known  vocab_size and pad_token_id are the tokenizer's (`DataPipeline.model_overrides`)
+    on load          arch and head (and BERT's NSP parts) follow data.objective, unless you set
+                     them otherwise (refused then); `TrainConfig.resolve` also lists what it set
+                     (attnlab.training.config_resolve)
+    tokenizer known  vocab_size and pad_token_id are the tokenizer's (`model_config(**changes)`)
+
+What one section asks of another (data.pack and the kernel, data.seq_len and a position table,
+the kernel and a tp / pp layout) is checked once the sections are built (`check_run`,
+attnlab.training.run_checks).
 
 Unknown keys, wrong types and values out of range are errors naming the dotted field
 (`optim.lr: expected a number, got 'fast'`; see attnlab.config.validate).
@@ -33,14 +39,16 @@ from attnlab.config.load import apply_overrides, from_dict, load_config, load_co
 from attnlab.config.validate import (ConfigError, ConfigTypeError, check_types, choice, in_range, non_negative,
                                      positive, probability)
 from attnlab.data.packing import PACKINGS  # plain | document_masked | pad (data.pack)
+from attnlab.training.config_resolve import Implied, Resolved, apply_objective, objective_fields
 from attnlab.training.data.objectives import OBJECTIVES
+from attnlab.training.run_checks import TABLE_POSITIONS, check_run, longest_pair_within
 from attnlab.training.run.signals import STOP_SIGNALS  # SIGTERM | SIGUSR1 | ... (train.stop_signals)
 from attnlab.training.setup.precision import PRECISIONS  # auto | fp32 | bf16 | fp16 (resolved where a run starts)
 from attnlab.training.setup.threads import MAX_THREADS
 
 __all__ = ["DataConfig", "LoraConfig", "OptimConfig", "ParallelConfig", "RunConfig", "ScheduleConfig",
            "TokenizerConfig", "TrainConfig", "TrainModelConfig", "absolute_paths", "apply_overrides", "load_config",
-           "load_config_file", "objective_fields", "parse_value"]
+           "load_config_file", "objective_fields", "parse_value", "Implied", "Resolved"]
 
 TOKENIZER_KINDS = ("char", "bpe", "wordpiece", "word")
 SCHEDULES = ("constant", "cosine", "noam")
@@ -101,14 +109,14 @@ class DataConfig:
 
     seq_len: tokens per row (window objectives). Left out of a config, 256, or position.max_len
     where the model's learned or binary position table ends sooner (tiny-decoder: 64); a longer
-    row than such a table holds is refused at load (`check_positions`).
+    row than such a table holds is refused at load (attnlab.training.run_checks.check_positions).
 
     pack (causal_lm): how documents fill the rows of seq_len tokens (attnlab.data.packing).
     `plain` cuts windows anywhere in the stream of documents joined by EOS, each token attending
     to all before it, across documents; `document_masked` cuts the same windows but keeps the
     documents apart (no attention across a boundary, positions from 0 in each, no loss on the
     prediction across a boundary; the decoder takes `document_ids`); `pad` puts one document
-    (or a piece of a long one) per row, padded. `check_model` says which models take it.
+    (or a piece of a long one) per row, padded. `run_checks.check_packing` says which models take it.
 
     batch_tokens (seq2seq): training batches of pairs of similar length, as many as fit this many
     padded source + target tokens (attnlab.data.buckets), in place of batch_size random pairs,
@@ -130,7 +138,7 @@ class DataConfig:
     nsp: bool = False  # masked_lm: BERT's next-sentence prediction on [CLS] A [SEP] B [SEP] pairs
     noise_density: float = 0.15  # span_corruption
     mean_span_length: float = 3.0  # span_corruption
-    max_pair_len: int = 64  # seq2seq: tokens per side
+    max_pair_len: int = 64  # pairs: tokens per side; left out: at most what a learned/binary table holds
     batch_tokens: int | None = None  # seq2seq: batches of pairs of similar length, this many padded tokens each (in place of batch_size)
     text_field: str = "text"  # JSONL text key
     verify: bool = True  # built-in corpora: refuse a package whose sha256 is not a known-good one
@@ -173,49 +181,6 @@ class DataConfig:
         if self.pack != "plain" and self.objective != "causal_lm":
             raise ConfigError(s + "pack", f"{self.pack!r} packs causal-LM rows: it needs data.objective='causal_lm', "
                               f"got {self.objective!r} (other objectives take data.pack='plain')")
-
-    def check_model(self, model: ModelConfig) -> None:
-        """What data.pack asks of the model (called where both sections are known): `pad` and
-        `document_masked` make rows, which a segment memory (model.memory_len, read as a stream of
-        consecutive segments) would not see; `document_masked` needs a kernel that takes a dense
-        per-row mask (auto, sdpa, eager), not one with its own sparse pattern (Supports.pattern).
-        Every position scheme restarts per document: absolute ones (sinusoidal, learned, binary)
-        and rotary by the position ids, relative ones (relative, alibi, t5_bias) inside the
-        block-diagonal mask.
-
-        Raises:
-            ConfigError: naming data.pack and the model field in the way.
-        """
-        if self.pack == "plain":
-            return
-        if model.memory_len:
-            raise ConfigError("data.pack", f"{self.pack!r} makes rows, but model.memory_len={model.memory_len} reads "
-                              "the data as consecutive segments of a stream; use data.pack='plain' or memory_len 0")
-        from attnlab.nn.kernels import KERNELS  # the model's registry, read only here
-
-        if self.pack == "document_masked" and KERNELS[model.attention.kernel].supports.pattern:
-            dense = ", ".join(n for n, k in KERNELS.items() if k.supports.causal and not k.supports.pattern)
-            raise ConfigError("data.pack", f"'document_masked' needs an attention kernel that takes a dense mask "
-                              f"({dense}); attention.kernel={model.attention.kernel!r} applies its own sparse "
-                              "pattern")
-
-    def check_positions(self, model: ModelConfig) -> None:
-        """A window must fit a position table: `learned` and `binary` positions end at
-        model.position.max_len, so longer rows (data.seq_len: each objective's `row_lengths`)
-        failed at the first step, after the corpus was read and tokenised. Refused here, where both
-        sections are known.
-
-        Raises:
-            ConfigError: naming data.seq_len and model.position.max_len.
-        """
-        position, objective = model.position, OBJECTIVES[self.objective]
-        if model.arch == "rnn_encoder_decoder" or position.scheme not in TABLE_POSITIONS or objective.pairs:
-            return  # pairs: only a pair as long as max_pair_len reaches the end (not checked yet)
-        longest = max(n for n in objective.row_lengths(self) if n is not None)
-        if longest > position.max_len:
-            raise ConfigError("data.seq_len", f"rows of up to {longest} tokens do not fit {position.scheme} positions "
-                              f"of model.position.max_len={position.max_len} (the table ends there); lower "
-                              "data.seq_len or raise model.position.max_len")
 
     def _check_bpe_size(self) -> None:
         """A byte-level BPE holds the 256 bytes and the objective's special tokens before any
@@ -409,38 +374,54 @@ class ParallelConfig:
         return self.tp > 1 or self.pp > 1
 
 
-def objective_fields(objective: str, nsp: bool, arch: str, span_boundary: bool = False) -> dict[str, Any]:
-    """The model fields a pretraining objective decides (`Objective.model_fields`): the stack
-    (arch) and its head, and with NSP BERT's segment embeddings, pooler and next-sentence
-    classifier. A recurrent encoder-decoder stays one (it trains on the encoder-decoder objectives).
-
-    Raises:
-        ConfigError: arch `rnn_encoder_decoder` with an objective that does not train an encoder-decoder.
-    """
-    spec = OBJECTIVES[objective]
-    if arch == "rnn_encoder_decoder":
-        if spec.arch != "encoder_decoder":
-            fits = " or ".join(repr(name) for name, o in OBJECTIVES.items() if o.arch == "encoder_decoder")
-            raise ConfigError("model.arch", f"'rnn_encoder_decoder' needs data.objective {fits}, got {objective!r}")
-        return {"head": spec.head}
-    return spec.model_fields(nsp, span_boundary)
-
-
-# position schemes whose table ends at position.max_len (attnlab.nn.positions)
-TABLE_POSITIONS = ("learned", "binary")
-
-
 def _seq_len_within_table(section: dict[str, Any], model: dict[str, Any]) -> dict[str, Any]:
     """data.seq_len left out follows the model: its default (256) where the positions allow it,
     position.max_len where a learned or binary table ends sooner (tiny-decoder's 64), so that the
-    default run trains instead of failing at its first step."""
+    default run trains instead of failing at its first step. data.max_pair_len left out likewise:
+    its default (64), or the longest pair whose rows fit such a table (63 for seq2seq there: a side
+    is max_pair_len + 1 tokens)."""
     position = model.get("position")
-    if "seq_len" in section or not isinstance(position, dict) or position.get("scheme") not in TABLE_POSITIONS:
+    if not isinstance(position, dict) or position.get("scheme") not in TABLE_POSITIONS:
         return section
     max_len = position.get("max_len")
-    if isinstance(max_len, int) and 0 < max_len < DataConfig.seq_len:
-        return {**section, "seq_len": max_len}
+    if not isinstance(max_len, int) or max_len < 1:
+        return section  # the model's check names it
+    if "seq_len" not in section and max_len < DataConfig.seq_len:
+        section = {**section, "seq_len": max_len}
+    objective = section.get("objective", DataConfig.objective)
+    if "max_pair_len" not in section and isinstance(objective, str) and objective in OBJECTIVES \
+            and OBJECTIVES[objective].pairs:
+        longest = longest_pair_within(objective, max_len, DataConfig.max_pair_len)
+        if longest < DataConfig.max_pair_len:
+            section = {**section, "max_pair_len": longest}
     return section
+
+
+def expand_run(data: dict[str, Any]) -> tuple[dict[str, Any], list[Implied]]:
+    """A run config as plain data with the model section's preset merged in, data.seq_len (and
+    max_pair_len) left out fitted to a position table, and the model fields data.objective, nsp and
+    span_boundary imply applied: (that config, the implied fields that changed a value).
+
+    A field the user wrote in the model section (not a preset's) is never replaced: a different
+    implied value is a ConfigError naming both fields (`config_resolve.apply_objective`).
+    """
+    raw = data.get("model", {"preset": DEFAULT_PRESET})
+    section = data.get("data", {})
+    if not isinstance(raw, dict) or not isinstance(section, dict):
+        return data, []  # the type check names the section
+    try:
+        model = TrainModelConfig.expand_dict(raw)
+    except ConfigError as err:
+        raise err.moved("", "model") from None
+    section = _seq_len_within_table(section, model)
+    objective, nsp = section.get("objective", DataConfig.objective), section.get("nsp", DataConfig.nsp)
+    sbo = section.get("span_boundary", DataConfig.span_boundary)
+    known = isinstance(objective, str) and objective in OBJECTIVES  # a list is unhashable: the type check says so
+    implied: list[Implied] = []
+    if known and isinstance(nsp, bool) and isinstance(sbo, bool) and model.get("arch") != "rnn_encoder_decoder":
+        user_set = {name for name, value in raw.items() if value is not None} - {"preset"}  # null: the default
+        model, implied = apply_objective(model, user_set, objective, nsp, sbo)  # anything else: __post_init__ says why
+    return {**data, "model": model, "data": section}, implied  # a data section left out: DataConfig's own defaults
 
 
 def _default_data() -> DataConfig:
@@ -462,14 +443,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        implied = objective_fields(self.data.objective, self.data.nsp, self.model.arch, self.data.span_boundary)
-        if any(getattr(self.model, k) != v for k, v in implied.items()):  # a typed model built in Python
-            try:
-                self.model = self.model.replace(**implied)
-            except ConfigError as err:
-                raise err.moved("", "model") from None
-        self.data.check_model(self.model)  # data.pack against the kernel and memory_len
-        self.data.check_positions(self.model)  # rows against a position table's end
+        self._apply_objective()
+        check_run(self)  # what one section asks of another (attnlab.training.run_checks)
         if self.model.add_special_tokens and not self.model.init_from:
             raise ConfigError("model.add_special_tokens", "needs model.init_from (tokens are added to a pretrained "
                               "model's tokenizer); a tokenizer trained by the run takes its tokens from the data")
@@ -479,26 +454,45 @@ class TrainConfig:
                           f"(the learning rate peaks at step {warmup}, the run ends at step {steps}); lower "
                           "schedule.warmup_steps or raise train.max_steps", UserWarning, stacklevel=3)
 
-    @classmethod
-    def expand_dict(cls, data: dict[str, Any]) -> dict[str, Any]:
-        """Resolve the model section's preset, then apply what data.objective decides before the
-        model is validated (a tiny-decoder preset under masked_lm is an encoder)."""
-        model = data.get("model", {"preset": DEFAULT_PRESET})
-        section = data.get("data", {})
-        if not isinstance(model, dict) or not isinstance(section, dict):
-            return data  # the type check names the section
+    def _apply_objective(self) -> None:
+        """A model built in Python (a preset's ModelConfig) gets the fields data.objective implies,
+        with a warning listing them; read from plain data (`from_dict`) it has them already, applied
+        and listed by `expand_run` (`resolve`)."""
+        data = self.data
+        fields = objective_fields(data.objective, data.nsp, self.model.arch, data.span_boundary)
+        current = {name: getattr(self.model, name) for name in fields}
+        if current == fields:
+            return
+        _, implied = apply_objective(current, (), data.objective, data.nsp, data.span_boundary)
         try:
-            model = TrainModelConfig.expand_dict(model)
+            self.model = self.model.replace(**fields)
         except ConfigError as err:
             raise err.moved("", "model") from None
-        section = _seq_len_within_table(section, model)
-        objective, nsp = section.get("objective", DataConfig.objective), section.get("nsp", DataConfig.nsp)
-        arch = model.get("arch", ModelConfig.arch)
-        known = isinstance(objective, str) and objective in OBJECTIVES  # a list is unhashable: the type check says so
-        sbo = section.get("span_boundary", DataConfig.span_boundary)
-        if known and isinstance(nsp, bool) and isinstance(sbo, bool) and arch != "rnn_encoder_decoder":
-            model = {**model, **objective_fields(objective, nsp, arch, sbo)}  # anything else: __post_init__ says why
-        return {**data, "model": model, "data": section}  # a data section left out: DataConfig's own defaults
+        warnings.warn("; ".join(map(str, implied)) + " (the model given to TrainConfig is changed to fit its data "
+                      "section)", UserWarning, stacklevel=4)
+
+    @classmethod
+    def expand_dict(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """Resolve the model section's preset, then apply what the data section implies before
+        the model is validated (`expand_run`)."""
+        return expand_run(data)[0]
+
+    @classmethod
+    def resolve(cls, data: dict[str, Any], overrides: list[tuple[str, Any]] | tuple = ()) -> Resolved:
+        """A run config from plain data (a config file's) with dotted `overrides`, validated once,
+        and the model fields its data section implied (attnlab.training.config_resolve):
+
+            resolved = TrainConfig.resolve({"model": {"preset": "tiny-decoder"}, "data": {"objective": "masked_lm"}})
+            [str(i) for i in resolved.implied]   # ["model.arch: encoder (data.objective='masked_lm' implies it)",
+                                                 #  "model.head: mlm (data.objective='masked_lm' implies it)"]
+
+        Raises:
+            ConfigError (a ValueError): a bad value, or a model field you set against what the data
+                implies, naming the fields.
+            ConfigTypeError (a TypeError): a value of the wrong type, named likewise.
+        """
+        expanded, implied = expand_run(apply_overrides(data, list(overrides)))
+        return Resolved(from_dict(cls, expanded), tuple(implied))  # expanded: nothing is implied a second time
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
@@ -513,9 +507,23 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
 
-    def model_config(self) -> ModelConfig:
-        """The ModelConfig to build: the model section without its run fields (init_from, ...)."""
-        return ModelConfig.from_dict({f.name: getattr(self.model, f.name) for f in dataclasses.fields(ModelConfig)})
+    def model_config(self, **changes: Any) -> ModelConfig:
+        """The ModelConfig to build: the model section without its run fields (init_from, ...),
+        with `changes` (the tokenizer's vocab_size and pad_token_id) applied.
+
+        The section was validated when this config was built, so without changes it is copied as
+        it is; with changes the result is validated once, as the config the model is built from.
+
+        Raises:
+            ConfigError: a change the model does not take (a pad_token_id outside the vocabulary ...).
+        """
+        values = {f.name: getattr(self.model, f.name) for f in dataclasses.fields(ModelConfig)}
+        if changes:
+            return ModelConfig.from_dict({**values, **changes})
+        plain = object.__new__(ModelConfig)  # validated already: no second __post_init__
+        for name, value in copy.deepcopy(values).items():
+            setattr(plain, name, value)
+        return plain
 
 
 # the fields of a run config that name a file or folder

@@ -83,7 +83,8 @@ def _seq2seq_config(tmp_path, **data):
         rows.append(f"{sentence}\t{sentence.upper()}\n")
     (tmp_path / "pairs.tsv").write_text("".join(rows), encoding="utf-8")
     return TrainConfig.from_dict({
-        "model": {"preset": "tiny-encoder-decoder", "d_model": 16, "num_layers": 1, "num_heads": 2, "d_ff": 32},
+        "model": {"preset": "tiny-encoder-decoder", "d_model": 16, "num_layers": 1, "num_heads": 2, "d_ff": 32,
+                  "position": {"max_len": 128}},  # a side of a pair is max_pair_len + 1 tokens
         "data": {"source": str(tmp_path / "pairs.tsv"), "valid": str(tmp_path / "pairs.tsv"), "objective": "seq2seq",
                  "batch_size": 4, "max_pair_len": 80, "tokenizer": {"kind": "char"}, **data},
         "train": {"out_dir": str(tmp_path / "run"), "max_steps": 2, "eval_every": 2, "eval_batches": 1,

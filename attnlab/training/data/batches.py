@@ -359,7 +359,7 @@ class DataPipeline:
     # ---------------------------------------------------------------- model-side facts
     def model_overrides(self, arch: str | None = None) -> dict[str, Any]:
         """Fields the model config takes from the data: vocabulary and padding (the tokenizer's),
-        arch and head (the objective's, see attnlab.training.config.objective_fields).
+        arch and head (the objective's, see attnlab.training.config_resolve.objective_fields).
 
         Args:
             arch: the configured `model.arch`; `rnn_encoder_decoder` is kept for the

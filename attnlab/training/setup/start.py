@@ -41,7 +41,8 @@ from torch import nn
 from attnlab.config import ModelConfig
 from attnlab.io.files import read_json
 from attnlab.training.setup.adapters import check_lora_targets
-from attnlab.training.config import TrainConfig, objective_fields
+from attnlab.training.config import TrainConfig
+from attnlab.training.config_resolve import Resolved, apply_objective, objective_fields
 from attnlab.training.data.batches import DataPipeline
 from attnlab.training.tasks.pretrain import PretrainTask
 
@@ -70,8 +71,7 @@ def pretrain_setup(config: TrainConfig, out: Path, *, pipeline: DataPipeline | N
     if model is None:
         from attnlab.models import build_model
 
-        model_cfg = config.model_config()
-        model = build_model(model_cfg.replace(**pipeline.model_overrides(model_cfg.arch)))
+        model = build_model(config.model_config(**pipeline.model_overrides(config.model.arch)))  # validated once
         if config.lora is not None:
             warnings.warn("lora without model.init_from: the adapters train over randomly initialised base "
                           "weights, which stay frozen; set model.init_from to a pretrained model", UserWarning,
@@ -192,13 +192,25 @@ def resolve_init_from(config: TrainConfig) -> TrainConfig:
         FileNotFoundError, ValueError: init_from is not a model folder (`read_init_config`), or
             holds an architecture that data.objective does not train (`check_objective_fits`).
     """
+    return read_init_from(config).config
+
+
+def read_init_from(config: TrainConfig) -> Resolved:
+    """`resolve_init_from`, and the model fields the data section set on the folder's model (a
+    BERT folder without its MLM head under masked_lm: `model.head: mlm`), as TrainConfig.resolve
+    reports them; the folder's values are not the user's, so they are replaced, not refused.
+
+    Raises:
+        FileNotFoundError, ValueError: as `resolve_init_from`.
+    """
     if not config.model.init_from:
-        return config
+        return Resolved(config, ())
     found = read_init_config(config.model.init_from)
-    check_objective_fits(config.data.objective, config.data.nsp, found.arch)
-    model = {**found.to_dict(), "init_from": config.model.init_from,
-             "add_special_tokens": list(config.model.add_special_tokens)}
-    return TrainConfig.from_dict({**config.to_dict(), "model": model})
+    data = config.data
+    check_objective_fits(data.objective, data.nsp, found.arch)
+    model, implied = apply_objective(found.to_dict(), (), data.objective, data.nsp, data.span_boundary)
+    model = {**model, "init_from": config.model.init_from, "add_special_tokens": list(config.model.add_special_tokens)}
+    return Resolved(TrainConfig.from_dict({**config.to_dict(), "model": model}), tuple(implied))
 
 
 def check_objective_fits(objective: str, nsp: bool, arch: str) -> None:

@@ -24,6 +24,7 @@ from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.masks import document_mask, positions_from_documents
 from attnlab.training.config import DataConfig, TrainConfig
 from attnlab.training.data.batches import DataPipeline
+from attnlab.training.run_checks import check_packing
 
 SCHEMES = ["none", "sinusoidal", "learned", "binary", "relative", "rotary", "alibi", "t5_bias"]
 LENGTHS = (7, 9, 8)  # the three documents of the test row: 24 tokens
@@ -233,14 +234,14 @@ def test_bad_combinations_are_config_errors_naming_data_pack():
     data = DataConfig(pack="document_masked")
     for kernel in ("sliding_window", "longformer", "bigbird", "local_block", "memory_compressed"):
         with pytest.raises(ConfigError, match=rf"^data\.pack: .*attention\.kernel='{kernel}'"):
-            data.check_model(presets.get("tiny-decoder", attention={"kernel": kernel}))
-    DataConfig(pack="pad").check_model(presets.get("tiny-decoder", attention={"kernel": "sliding_window"}))
+            check_packing(data, presets.get("tiny-decoder", attention={"kernel": kernel}))
+    check_packing(DataConfig(pack="pad"), presets.get("tiny-decoder", attention={"kernel": "sliding_window"}))
     memory = presets.get("tiny-decoder", memory_len=8, position={"scheme": "rotary"})
     for pack in ("pad", "document_masked"):
         with pytest.raises(ConfigError, match=r"^data\.pack: .*model\.memory_len=8"):
-            DataConfig(pack=pack).check_model(memory)
+            check_packing(DataConfig(pack=pack), memory)
     for scheme in SCHEMES:
-        data.check_model(presets.get("tiny-decoder", position={"scheme": scheme}))
+        check_packing(data, presets.get("tiny-decoder", position={"scheme": scheme}))
     cfg = TrainConfig.from_dict({"data": {"pack": "document_masked"}})
     assert cfg.data.pack == "document_masked" and TrainConfig.from_dict(cfg.to_dict()).data.pack == "document_masked"
 
