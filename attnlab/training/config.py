@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 from attnlab import presets
 from attnlab.config import ModelConfig
+from attnlab.config.families import traits
 from attnlab.config.load import apply_overrides, from_dict, load_config, load_config_file, merge, parse_value, to_dict
 from attnlab.config.validate import (ConfigError, ConfigTypeError, check_types, choice, in_range, non_negative,
                                      positive, probability)
@@ -209,7 +210,7 @@ class DataConfig:
             ConfigError: naming data.seq_len and model.position.max_len.
         """
         position, objective = model.position, OBJECTIVES[self.objective]
-        if model.arch == "rnn_encoder_decoder" or position.scheme not in TABLE_POSITIONS or objective.pairs:
+        if traits(model.arch).recurrent or position.scheme not in TABLE_POSITIONS or objective.pairs:
             return  # pairs: only a pair as long as max_pair_len reaches the end (not checked yet)
         longest = max(n for n in objective.row_lengths(self) if n is not None)
         if longest > position.max_len:
@@ -418,12 +419,18 @@ def objective_fields(objective: str, nsp: bool, arch: str, span_boundary: bool =
         ConfigError: arch `rnn_encoder_decoder` with an objective that does not train an encoder-decoder.
     """
     spec = OBJECTIVES[objective]
-    if arch == "rnn_encoder_decoder":
-        if spec.arch != "encoder_decoder":
-            fits = " or ".join(repr(name) for name, o in OBJECTIVES.items() if o.arch == "encoder_decoder")
-            raise ConfigError("model.arch", f"'rnn_encoder_decoder' needs data.objective {fits}, got {objective!r}")
+    if _recurrent(arch):
+        if not traits(spec.arch).has_source:
+            fits = " or ".join(repr(name) for name, o in OBJECTIVES.items() if traits(o.arch).has_source)
+            raise ConfigError("model.arch", f"{arch!r} needs data.objective {fits}, got {objective!r}")
         return {"head": spec.head}
     return spec.model_fields(nsp, span_boundary)
+
+
+def _recurrent(arch: Any) -> bool:
+    """Whether `arch` names a recurrent family (it keeps its arch under the encoder-decoder objectives)."""
+    own = traits(arch)
+    return own is not None and own.recurrent
 
 
 # position schemes whose table ends at position.max_len (attnlab.nn.positions)
@@ -496,7 +503,7 @@ class TrainConfig:
         arch = model.get("arch", ModelConfig.arch)
         known = isinstance(objective, str) and objective in OBJECTIVES  # a list is unhashable: the type check says so
         sbo = section.get("span_boundary", DataConfig.span_boundary)
-        if known and isinstance(nsp, bool) and isinstance(sbo, bool) and arch != "rnn_encoder_decoder":
+        if known and isinstance(nsp, bool) and isinstance(sbo, bool) and not _recurrent(arch):
             model = {**model, **objective_fields(objective, nsp, arch, sbo)}  # anything else: __post_init__ says why
         return {**data, "model": model, "data": section}  # a data section left out: DataConfig's own defaults
 

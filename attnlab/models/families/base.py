@@ -50,6 +50,8 @@ class Family:
         targets, with the axis each spans (`input`: the first ids' width, `target`: the
         targets', None: a number per row); None: the family cannot be cut into stages.
     unstaged: batch tensors its objectives may make that the stages ignore.
+    padding_mask: the mask of the first input that must hide padding added after the real
+        positions (a stack attending both ways sees it); None where the first stack is causal.
     stacks: (config) -> its Transformer stacks as (module prefix, layers), in the order a
         pipeline cuts them; () for a family that is not made of Transformer layers.
     decoding: how generation starts: `prompt` (continues input_ids), `source` (a target side
@@ -71,11 +73,16 @@ class Family:
     first_input: str = "input_ids"
     stage_inputs: dict[str, str | None] | None = None
     unstaged: frozenset[str] = field(default_factory=frozenset)
+    padding_mask: str | None = None
     stacks: Callable[[Any], tuple[tuple[str, int], ...]] = _no_stacks
     decoding: str | None = None
     hf_model_types: tuple[str, ...] = ()
     is_alignment: Callable[[str], bool] = _no_alignment
     config_type: type | None = None
+
+    def reads(self, name: str) -> bool:
+        """Whether its forward pass reads the batch tensor `name` (`input_ids`, `token_type_ids`, ...)."""
+        return name == self.first_input or name in (self.stage_inputs or {})
 
     def decoder_layers(self, config: Any) -> int:
         """Layers that keep keys and values while decoding: those of the last Transformer stack."""

@@ -99,7 +99,7 @@ def eval_sums(model: nn.Module, batch: Batch) -> dict[str, float]:
 ENCODER = Family(
     name="encoder", traits=FAMILY_TRAITS["encoder"], description="an encoder",
     build=build, batch_loss=batch_loss, features=features, eval_sums=eval_sums,
-    stage_inputs={"attention_mask": "input", "token_type_ids": "input"},
+    stage_inputs={"attention_mask": "input", "token_type_ids": "input"}, padding_mask="attention_mask",
     stacks=lambda cfg: (("", cfg.num_layers),),
     hf_model_types=("bert",),
 )

@@ -55,7 +55,7 @@ def batch_loss(model: nn.Module, batch: Batch, label_smoothing: float = 0.0) -> 
 ENCODER_DECODER = Family(
     name="encoder_decoder", traits=FAMILY_TRAITS["encoder_decoder"], description="an encoder-decoder",
     build=build, batch_loss=batch_loss, features=features, first_input="src_ids",
-    stage_inputs={"src_mask": "input", "tgt_ids": "target", "tgt_mask": "target"},
+    stage_inputs={"src_mask": "input", "tgt_ids": "target", "tgt_mask": "target"}, padding_mask="src_mask",
     unstaged=frozenset({"prefix_lengths"}),  # encoder_decoder_lm's cuts, which an encoder-decoder does not read
     stacks=lambda cfg: (("encoder.", cfg.num_layers), ("decoder.", cfg.resolved_decoder_layers)),
     decoding="source", hf_model_types=("t5", "marian", "bart"),
