@@ -19,6 +19,7 @@ from typing import Any
 class FamilyTraits:
     """The config-level facts of one family.
 
+    kind: what messages call its models (`a {kind} model`): `decoder-only`, `encoder`, ...
     heads: the `ModelConfig.head` values it takes; the first is its default.
     pooling: its default `classifier_pooling` (`first`: [CLS]; `last`: a causal stack's last token).
     bidirectional: one stack attending both ways (an encoder): bidirectional-only attention
@@ -29,6 +30,7 @@ class FamilyTraits:
     memory: may keep Transformer-XL's segment memory (`memory_len`).
     """
 
+    kind: str
     heads: tuple[str, ...]
     pooling: str = "first"
     bidirectional: bool = False
@@ -41,10 +43,10 @@ _PER_TOKEN_AND_POOLED = ("classification", "token_classification", "regression",
 
 # arch -> traits; `attnlab.models.families.register` adds a line for a new family
 FAMILY_TRAITS: dict[str, FamilyTraits] = {
-    "decoder": FamilyTraits(heads=("lm", *_PER_TOKEN_AND_POOLED), pooling="last", memory=True),
-    "encoder": FamilyTraits(heads=("none", "mlm", *_PER_TOKEN_AND_POOLED[:-1]), bidirectional=True),
-    "encoder_decoder": FamilyTraits(heads=("lm", "none"), has_source=True),
-    "rnn_encoder_decoder": FamilyTraits(heads=("lm",), has_source=True, recurrent=True),
+    "decoder": FamilyTraits("decoder-only", heads=("lm", *_PER_TOKEN_AND_POOLED), pooling="last", memory=True),
+    "encoder": FamilyTraits("encoder", heads=("none", "mlm", *_PER_TOKEN_AND_POOLED[:-1]), bidirectional=True),
+    "encoder_decoder": FamilyTraits("encoder-decoder", heads=("lm", "none"), has_source=True),
+    "rnn_encoder_decoder": FamilyTraits("recurrent encoder-decoder", heads=("lm",), has_source=True, recurrent=True),
 }
 
 

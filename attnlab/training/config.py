@@ -151,7 +151,7 @@ class DataConfig:
                               "what the validation split is; keep one")
         self._check_bpe_size()
         if self.nsp and not objective.next_sentence:
-            kind = {"decoder": "decoder-only", "encoder_decoder": "encoder-decoder"}.get(objective.arch, objective.arch)
+            kind = traits(objective.arch).kind
             fits = " or ".join(repr(name) for name, spec in OBJECTIVES.items() if spec.next_sentence)
             raise ConfigError(s + "nsp", f"true needs data.objective={fits} (an encoder with a [CLS] token); "
                               f"objective {self.objective!r} trains a {kind} model, which has no next-sentence head")

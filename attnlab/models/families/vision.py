@@ -22,7 +22,7 @@ def batch_loss(model: nn.Module, batch: Batch, label_smoothing: float = 0.0) -> 
 
 
 VISION = Family(
-    name="vision", traits=FamilyTraits(heads=("classification", "none"), bidirectional=True),
+    name="vision", traits=FamilyTraits("Vision Transformer", heads=("classification", "none"), bidirectional=True),
     description="a Vision Transformer", build=VisionEncoder, batch_loss=batch_loss, first_input="images",
     config_type=VisionConfig,
 )
