@@ -38,7 +38,7 @@ class Family:
     name: the `arch` a config writes (`vision` for a ViT, whose config has none).
     traits: the config-level facts (`attnlab.config.families.FamilyTraits`).
     description: how an error message names a model of it (`a decoder-only model`).
-    build: (config) -> the freshly made modules (`build_model` initialises them).
+    build: (config) -> a freshly initialised model (`build_model` calls it and sets `model.config`).
     batch_loss: (model, batch, label_smoothing) -> the batch's mean token cross-entropy
         (attnlab.training.tasks.batch_loss.batch_loss: a pretraining objective's batch).
     features: (model, batch) -> (the stack whose head predicts, its last hidden states (B, T, D));
