@@ -31,7 +31,7 @@ def _no_stacks(config: Any) -> tuple[tuple[str, int], ...]:
     return ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: one object per family
 class Family:
     """One model family.
 
