@@ -65,12 +65,14 @@ def default_max_new_tokens(model: torch.nn.Module, prompt_len: int, usual: int) 
     Args:
         prompt_len: tokens of the longest prompt, or 1 (an encoder-decoder's start token).
     """
+    from attnlab.config.families import traits
     from attnlab.decoding.generate import TABLE_SCHEMES
 
     config = model.config
     pos = getattr(config, "position", None)
     limited = TABLE_SCHEMES + _EXTRAPOLATING
-    if getattr(config, "arch", None) == "rnn_encoder_decoder" or pos is None or pos.scheme not in limited:
+    own = traits(getattr(config, "arch", None))
+    if (own is not None and own.recurrent) or pos is None or pos.scheme not in limited:
         return usual  # no positions, or relative ones (relative, alibi, t5_bias) without a fixed end
     room = pos.max_len - prompt_len
     if room <= 0 and pos.scheme in _EXTRAPOLATING:
@@ -151,12 +153,12 @@ def check_length(model: torch.nn.Module, *, rows: int, prompt_len: int, max_new_
 def _bytes_per_token(model: torch.nn.Module) -> int:
     """Bytes one token of one row takes while decoding: its id, mask and position, and its keys
     and values in every decoder layer."""
+    from attnlab.models.families import family
+
     config = model.config
     element = next(model.parameters()).element_size()
-    kv = 0
-    if config.arch != "rnn_encoder_decoder":
-        layers = config.resolved_decoder_layers if config.arch == "encoder_decoder" else config.num_layers
-        kv = 2 * layers * config.resolved_num_kv_heads * config.resolved_head_dim * element
+    layers = family(config).decoder_layers(config)  # 0 for a recurrent decoder: its state is not per token
+    kv = 2 * layers * config.resolved_num_kv_heads * config.resolved_head_dim * element
     return 8 + 1 + 8 + kv
 
 

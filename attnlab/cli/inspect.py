@@ -32,6 +32,7 @@ def _attention(args: argparse.Namespace) -> int:
     from attnlab.inspect.viewer import token_labels
     from attnlab.io.weights import write_safetensors
     from attnlab.interop.serialization import load
+    from attnlab.models.families import family
 
     model, tok = load(args.checkpoint, with_tokenizer=True)
     if _is_vit(model):
@@ -43,15 +44,15 @@ def _attention(args: argparse.Namespace) -> int:
         raise ValueError(f"{args.checkpoint} has no tokenizer.json; save the model with attnlab.save(model, path, tokenizer=tok)")
     if args.text is None:
         raise ValueError("--text is needed: the input text (the source of an encoder-decoder)")
-    arch = model.config.arch
+    arch, own = model.config.arch, family(model.config)
     src = tok.encode(args.text)
     if not src:
         raise ValueError("--text encodes to no tokens")
     heads = _heads(args.heads)
-    if args.target is not None and arch not in ("encoder_decoder", "rnn_encoder_decoder"):
+    if args.target is not None and not own.traits.has_source:
         raise ValueError(f"--target is for encoder-decoders (the text aligned with --text); {args.checkpoint} holds "
                          f"arch={arch!r}, whose maps are of --text alone: drop --target")
-    if arch in ("encoder_decoder", "rnn_encoder_decoder"):
+    if own.traits.has_source:
         if args.target is None:
             raise ValueError(f"--target is needed for arch={arch!r} (the target text to align with --text)")
         tgt = tok.encode(args.target)
@@ -74,7 +75,7 @@ def _attention(args: argparse.Namespace) -> int:
     src_tok, tgt_tok = token_labels(src, tok), token_labels(tgt, tok)
     for name, w in maps.items():
         w = w[0]  # (H, Tq, Tk)
-        if arch == "rnn_encoder_decoder" or name.endswith("cross_attn"):
+        if own.is_alignment(name):
             path = plot_alignment(w.mean(0), src_tok, tgt_tok, os.path.join(out, f"{_safe(name)}.png"),
                                   title=f"{name} (mean over heads)" if w.shape[0] > 1 else name)
         else:
@@ -238,11 +239,11 @@ def _gradient_flow(args: argparse.Namespace) -> int:
     from attnlab.inspect.gradient_flow import gradient_flow, plot_gradient_flow
 
     norms = {}
-    for arch in ("rnn", "lstm", "transformer"):
-        norms[arch] = gradient_flow(arch, seq_len=args.seq_len, spectral_norm=args.spectral_norm if arch == "rnn" else None,
+    for kind in ("rnn", "lstm", "transformer"):
+        norms[kind] = gradient_flow(kind, seq_len=args.seq_len, spectral_norm=args.spectral_norm if kind == "rnn" else None,
                                     seed=args.seed)
-        n = norms[arch]
-        print(f"{arch:<12} ||dL/dh_k|| at distance 0: {float(n[-1]):.3e}, {args.seq_len - 1}: {float(n[0]):.3e}")
+        n = norms[kind]
+        print(f"{kind:<12} ||dL/dh_k|| at distance 0: {float(n[-1]):.3e}, {args.seq_len - 1}: {float(n[0]):.3e}")
     print(f"plot: {plot_gradient_flow(norms, args.out)}")
     return 0
 

@@ -17,11 +17,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from attnlab.config.families import FAMILY_TRAITS, FamilyTraits
 from attnlab.config.load import from_dict, to_dict
 from attnlab.config.validate import (ConfigError, ConfigTypeError, check_types, choice, in_range, int_list,
                                      non_negative, positive, probability, sub_config)
 
-ARCHS = ("decoder", "encoder", "encoder_decoder", "rnn_encoder_decoder")
+ARCHS = tuple(FAMILY_TRAITS)  # the built-in families (attnlab.config.families); a registered one joins the table
 RNN_CELLS = ("rnn", "lstm", "gru", "conv")
 RNN_ATTENTIONS = ("none", "additive", "dot", "general")
 PLACEMENTS = ("post", "pre", "both")
@@ -366,7 +367,8 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         check_types(self)
-        choice("arch", self.arch, ARCHS)
+        choice("arch", self.arch, FAMILY_TRAITS)
+        family = FAMILY_TRAITS[self.arch]
         for name in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "num_labels"):
             positive(name, getattr(self, name), integer=True)
         for name in ("num_decoder_layers", "head_dim", "src_vocab_size"):
@@ -375,7 +377,7 @@ class ModelConfig:
         choice("norm", self.norm, _registry("norm"))
         choice("norm_placement", self.norm_placement, PLACEMENTS)
         if self.classifier_pooling is None:
-            self.classifier_pooling = "last" if self.arch == "decoder" else "first"
+            self.classifier_pooling = family.pooling
         choice("classifier_pooling", self.classifier_pooling, POOLINGS)
         probability("dropout", self.dropout)
         for name in ("norm_eps", "lm_head_scale", "init_std"):
@@ -388,14 +390,10 @@ class ModelConfig:
         if kv is not None and self.num_heads % kv:
             raise ConfigError("attention.num_kv_heads", f"{kv} must divide num_heads={self.num_heads}")
         if self.head is None:
-            self.head = "none" if self.arch == "encoder" else "lm"
+            self.head = family.heads[0]
         choice("head", self.head, HEADS)
-        if self.head == "mlm" and self.arch != "encoder":
-            raise ConfigError("head", f"'mlm' needs arch='encoder', got arch={self.arch!r}")
-        if self.head in ("classification", "token_classification", "regression") and self.arch == "encoder_decoder":
-            raise ConfigError("head", f"{self.head!r} is for arch='encoder' or 'decoder', got arch={self.arch!r}")
-        if self.head == "lm" and self.arch == "encoder":
-            raise ConfigError("head", "'lm' is for decoders; an encoder takes head='mlm', 'classification' or 'none'")
+        if self.head not in family.heads:
+            raise ConfigError("head", self._head_refusal(family))
         if self.nsp_head and self.head != "mlm":
             raise ConfigError("nsp_head", f"true sits beside the MLM head: it needs arch='encoder' and head='mlm', "
                               f"got arch={self.arch!r}, head={self.head!r}")
@@ -403,7 +401,7 @@ class ModelConfig:
             raise ConfigError("sbo_head", f"true sits beside the MLM head (sharing its output matrix): it needs "
                               f"arch='encoder' and head='mlm', got arch={self.arch!r}, head={self.head!r}")
         positive("sbo_max_span", self.sbo_max_span, integer=True)
-        if self.pooler and self.arch != "encoder":
+        if self.pooler and not family.bidirectional:
             raise ConfigError("pooler", f"true needs arch='encoder', got arch={self.arch!r}")
         if self.pad_token_id is not None and not 0 <= self.pad_token_id < self.vocab_size:
             raise ConfigError("pad_token_id", f"{self.pad_token_id} is outside the vocabulary [0, {self.vocab_size})")
@@ -414,16 +412,26 @@ class ModelConfig:
         self._check_rnn()
         non_negative("memory_len", self.memory_len, integer=True)
         self._check_memory()
-        if self.moe.num_experts and self.arch == "rnn_encoder_decoder":
+        if self.moe.num_experts and family.recurrent:
             raise ConfigError("moe.num_experts", "experts replace a Transformer layer's feed-forward; "
-                              "arch='rnn_encoder_decoder' has none")
+                              f"arch={self.arch!r} has none")
+
+    def _head_refusal(self, family: FamilyTraits) -> str:
+        """Why `head` does not fit the arch (whose traits are `family`), saying what does."""
+        if self.head == "mlm":
+            return f"'mlm' needs arch='encoder', got arch={self.arch!r}"
+        if len(family.heads) == 1:
+            return f"arch={self.arch!r} takes head={family.heads[0]!r}, got head={self.head!r}"
+        if self.head == "lm":
+            return "'lm' is for decoders; an encoder takes head='mlm', 'classification' or 'none'"
+        return f"{self.head!r} is for arch='encoder' or 'decoder', got arch={self.arch!r}"
 
     def _check_memory(self) -> None:
         """memory_len > 0 (Transformer-XL's segment recurrence, attnlab.models.recurrence): a decoder
         whose positions are relative (or none), since absolute ones restart at every segment."""
         if not self.memory_len:
             return
-        if self.arch != "decoder":
+        if not FAMILY_TRAITS[self.arch].memory:
             raise ConfigError("memory_len", f"segment memory is for arch='decoder' (a causal stack reading a "
                               f"stream), got arch={self.arch!r}; set memory_len 0")
         if _registry("position")[self.position.scheme].where == "embeddings":
@@ -433,11 +441,9 @@ class ModelConfig:
                               f"every segment from 0 again): use one of {relative}")
 
     def _check_rnn(self) -> None:
-        if self.arch != "rnn_encoder_decoder":
+        if not FAMILY_TRAITS[self.arch].recurrent:
             return
         rnn = self.rnn
-        if self.head != "lm":
-            raise ConfigError("head", f"arch='rnn_encoder_decoder' takes head='lm', got head={self.head!r}")
         memory = self.d_model if rnn.cell == "conv" else rnn.hidden_size * (2 if rnn.bidirectional else 1)
         if rnn.attention == "dot" and memory != rnn.hidden_size:
             raise ConfigError("rnn.attention", f"'dot' needs encoder states as wide as the decoder's "
@@ -457,7 +463,7 @@ class ModelConfig:
     def _check_concat(self) -> None:
         """position.combine='concat': an absolute scheme, a width that leaves token features, no tied head."""
         pos, where = self.position, _registry("position")[self.position.scheme].where
-        if where != "embeddings" or self.arch == "rnn_encoder_decoder":
+        if where != "embeddings" or FAMILY_TRAITS[self.arch].recurrent:
             raise ConfigError("position.combine", f"'concat' joins absolute positions to the token embeddings; "
                               f"position.scheme={pos.scheme!r} with arch={self.arch!r} has none to join (use 'add')")
         if not 0 < self.position_dim < self.d_model:
@@ -482,7 +488,7 @@ class ModelConfig:
             raise ConfigError("attention.kernel", f"{att.kernel!r} cannot add position.scheme={pos.scheme!r}'s term "
                               f"on the values (Shaw et al.); set position.{scheme.value_option}=False or "
                               "attention.kernel='auto'")
-        if not supports.causal and self.arch != "encoder":
+        if not supports.causal and not FAMILY_TRAITS[self.arch].bidirectional:
             raise ConfigError("attention.kernel", f"{att.kernel!r} is bidirectional only: it needs arch='encoder', "
                               f"got arch={self.arch!r}")
         if scheme.score_bias and not supports.score_bias:

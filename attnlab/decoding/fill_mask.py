@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnlab.models.families import FAMILIES
 from attnlab.models.heads import MLMHead
 from attnlab.models.transformer import Encoder
 
@@ -98,9 +99,9 @@ def check_mlm(model: nn.Module) -> None:
     if config is None or not hasattr(config, "arch"):
         raise TypeError(f"fill-mask needs an attnlab model (attnlab.load, attnlab.from_hf for a transformers "
                         f"model), got {type(model).__name__}")
-    if config.arch != "encoder":
-        kind = {"decoder": "a decoder-only model", "encoder_decoder": "an encoder-decoder",
-                "rnn_encoder_decoder": "a recurrent encoder-decoder"}.get(config.arch, f"arch={config.arch!r}")
+    own = FAMILIES.get(config.arch) if isinstance(config.arch, str) else None
+    if own is None or "mlm" not in own.traits.heads:
+        kind = own.description if own is not None else f"arch={config.arch!r}"
         raise ValueError(f"fill-mask needs a masked-LM encoder (arch='encoder', head='mlm'), got {kind} "
                          f"(arch={config.arch!r}, head={config.head!r}): it predicts the next token, not a masked one "
                          "(see attnlab generate and attnlab score)")

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from attnlab.config import ModelConfig
+from attnlab.models.families import family
 
 TASK_HEADS = ("classification", "regression", "token_classification")
 PRETRAINING_HEADS = ("head.", "nsp_head.", "sbo_head.")  # state-dict prefixes a task head replaces
@@ -86,7 +87,7 @@ def with_head(model: nn.Module, head: str, num_labels: int = 2, *, pooling: str 
     from attnlab.models import build_model
 
     cfg = getattr(model, "config", None)
-    if not isinstance(cfg, ModelConfig) or cfg.arch not in ("encoder", "decoder"):
+    if not isinstance(cfg, ModelConfig) or "classification" not in family(cfg).traits.heads:
         raise TypeError("model must be an attnlab encoder or decoder (with a ModelConfig in .config)")
     if head not in TASK_HEADS:
         raise ValueError(f"head={head!r} is not one of {', '.join(TASK_HEADS)}")

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.finetune.recipes import freeze, llrd_param_groups, reinit_top_layers
+from attnlab.models.families import family
 from attnlab.training.tasks.protocol import StepLoss, Task
 
 IGNORE = -100
@@ -38,7 +39,7 @@ IGNORE = -100
 def model_inputs(model: nn.Module, batch: dict[str, Tensor]) -> dict[str, Tensor]:
     """The keyword arguments `model.features` takes for this batch (segments for encoders with them)."""
     kwargs = {"attention_mask": batch["attention_mask"]}
-    if model.config.arch == "encoder" and model.config.type_vocab_size:
+    if family(model.config).reads("token_type_ids") and model.config.type_vocab_size:
         kwargs["token_type_ids"] = batch["token_type_ids"]
     return kwargs
 
@@ -72,7 +73,7 @@ def task_loss(model: nn.Module, batch: dict[str, Tensor], labels: Tensor, lm_wei
         main = F.cross_entropy(out.float(), labels)
     parts = {"cls": main.item()}
     if lm_weight > 0:
-        if model.config.arch != "decoder":
+        if family(model.config).decoding != "prompt":
             raise ValueError("lm_loss_weight > 0 needs a decoder (the auxiliary LM loss is GPT's)")
         aux = lm_loss(model, hidden, batch["input_ids"], batch["attention_mask"])
         parts["lm"] = aux.item()

@@ -42,6 +42,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnlab.config import ModelConfig
+from attnlab.models.families import family
 from attnlab.nn.activations import GATED
 from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.moe import MoEFeedForward
@@ -169,8 +170,9 @@ def cost_table(cfg: ModelConfig, seq_len: int, *, src_len: int | None = None,
     """
     if not isinstance(seq_len, int) or seq_len <= 0:
         raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")
-    if cfg.arch == "rnn_encoder_decoder":
-        raise ValueError("cost_table counts Transformer configs; arch='rnn_encoder_decoder' is not one")
+    stacks = family(cfg).stacks(cfg)
+    if not stacks:
+        raise ValueError(f"cost_table counts Transformer configs; arch={cfg.arch!r} is not one")
     if kernel is not None and kernel != cfg.attention.kernel:
         cfg = cfg.replace(attention={**cfg.to_dict()["attention"], "kernel": kernel, "kernel_options": {}})
     S = seq_len if src_len is None else src_len
@@ -178,16 +180,13 @@ def cost_table(cfg: ModelConfig, seq_len: int, *, src_len: int | None = None,
     params = _parameter_counts(model)
     T, D = seq_len, cfg.d_model
     rows: list[CostRow] = []
-    if cfg.arch == "encoder_decoder":
-        rows += _stack_rows(cfg, "encoder.", cfg.num_layers, S, None, params, model)
-        rows += _stack_rows(cfg, "decoder.", cfg.resolved_decoder_layers, T, S, params, model)
-        embed_prefixes = ("encoder.embed.", "decoder.embed.")
-    else:
-        rows += _stack_rows(cfg, "", cfg.num_layers, T, None, params, model)
-        embed_prefixes = ("embed.",)
+    for i, (prefix, layers) in enumerate(stacks):  # an encoder-decoder: the encoder over S, then the decoder
+        last = i == len(stacks) - 1
+        rows += _stack_rows(cfg, prefix, layers, T if last else S, S if i else None, params, model)
+    embed_prefixes = tuple(prefix + "embed." for prefix, _ in stacks)
     rows.insert(0, CostRow("embeddings", sum(_sum(params, p) for p in embed_prefixes), 0, T * D))
     if cfg.head == "lm":
-        rows.append(CostRow("lm_head", _sum(params, "decoder.head." if cfg.arch == "encoder_decoder" else "head."),
+        rows.append(CostRow("lm_head", _sum(params, family(cfg).head_prefix(cfg)),
                             2 * T * D * cfg.vocab_size, T * cfg.vocab_size))
     elif cfg.head == "mlm":  # BERT's transform (D x D) and the vocabulary projection
         rows.append(CostRow("mlm_head", _sum(params, "head."), 2 * T * D * D + 2 * T * D * cfg.vocab_size,

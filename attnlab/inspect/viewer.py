@@ -47,12 +47,12 @@ from torch import Tensor, nn
 
 from attnlab.inspect.attention_maps import attention_maps, select_modules
 from attnlab.io.files import atomic_write_text
+from attnlab.models.families import FAMILIES
 from attnlab.nn.attention import MultiHeadAttention
 
 MAX_TOKENS = 512
 ENCODING = "uint8 weights (round(255 w)) and uint8 allowed masks, concatenated, zlib, base64"
 _LAYER = re.compile(r"^(?P<pre>(?:.*\.)?layers\.)(?P<layer>\d+)(?P<post>\..*)$")
-_ENCODER_DECODERS = ("encoder_decoder", "rnn_encoder_decoder")
 
 
 @dataclass
@@ -130,6 +130,12 @@ def token_labels(ids: Sequence[int], tokenizer: Any = None) -> list[str]:
     return out
 
 
+def _has_source(arch: str | None) -> bool:
+    """Whether a model of `arch` reads a source beside its target (an encoder-decoder's family)."""
+    own = FAMILIES.get(arch) if isinstance(arch, str) else None
+    return own is not None and own.traits.has_source
+
+
 def _kind_of(name: str, module: nn.Module, arch: str | None) -> tuple[str, int, str, str, str]:
     """(kind id, layer, label, query side, key side) of an attention module."""
     m = _LAYER.match(name)
@@ -138,7 +144,7 @@ def _kind_of(name: str, module: nn.Module, arch: str | None) -> tuple[str, int, 
         return kind_id, layer, f"RNN alignment: {name} (target -> source)", "target", "source"
     if module.qkv_proj is None:
         return kind_id, layer, f"cross-attention: {kind_id} (target -> source)", "target", "source"
-    side = "target" if arch in _ENCODER_DECODERS and name.startswith("decoder.") else "source"
+    side = "target" if _has_source(arch) and name.startswith("decoder.") else "source"
     what = "causal self-attention" if module.causal else "self-attention"
     return kind_id, layer, f"{what}: {kind_id}", side, side
 
@@ -193,9 +199,9 @@ def capture_view(model: nn.Module, input_ids: Sequence[int] | Tensor, target_ids
         raise ValueError(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
     arch = getattr(getattr(model, "config", None), "arch", None)
     src, tgt = _ids(input_ids, "input_ids"), _ids(target_ids, "target_ids")
-    if arch in _ENCODER_DECODERS and tgt is None:
+    if _has_source(arch) and tgt is None:
         raise ValueError(f"target_ids are needed for arch={arch!r} (the target to align with the input)")
-    if arch not in _ENCODER_DECODERS and tgt is not None:
+    if not _has_source(arch) and tgt is not None:
         raise ValueError(f"target_ids are for encoder-decoders; this model has arch={arch!r}: drop them")
     notices = [f"The {side} has {len(ids)} tokens; this page shows the model run on its first {max_tokens} "
                f"(max_tokens={max_tokens})." for side, ids in (("input", src), ("target", tgt))

@@ -25,6 +25,7 @@ from typing import Any
 from attnlab.config import ModelConfig
 from attnlab.interop.common import (Conversion, Derived, copy_of, flat_config, hf_get, joined, pick_label_count,
                                     rename, require)
+from attnlab.models.families import family
 
 FAMILY = "BERT"
 MODEL_TYPE = "bert"
@@ -72,7 +73,7 @@ def config_from_hf(hf: dict[str, Any], architecture: str) -> ModelConfig:
 
 def matches(cfg: ModelConfig) -> bool:
     """Whether `cfg` looks like a BERT (used to pick the family in `to_hf`)."""
-    return cfg.arch == "encoder"
+    return MODEL_TYPE in family(cfg).hf_model_types
 
 
 def config_to_hf(cfg: ModelConfig) -> tuple[dict[str, Any], str]:

@@ -12,7 +12,7 @@ from typing import Any
 from attnlab.interop import bart, bert, gpt2, marian, t5
 
 FAMILIES: tuple[ModuleType, ...] = (gpt2, bert, t5, marian, bart)
-_BY_ARCHITECTURE = {arch: fam for fam in FAMILIES for arch in fam.ARCHITECTURES}
+_BY_ARCHITECTURE = {name: fam for fam in FAMILIES for name in fam.ARCHITECTURES}
 _DEFAULT_ARCHITECTURE = {fam.MODEL_TYPE: next(iter(fam.ARCHITECTURES)) for fam in FAMILIES}
 
 

@@ -30,6 +30,7 @@ from typing import Any
 
 from attnlab.config import ModelConfig
 from attnlab.interop.common import Conversion, Derived, copy_of, flat_config, hf_get, joined, rename, require
+from attnlab.models.families import family
 
 FAMILY = "T5"
 MODEL_TYPE = "t5"
@@ -73,7 +74,7 @@ def config_from_hf(hf: dict[str, Any], architecture: str) -> ModelConfig:
 
 def matches(cfg: ModelConfig) -> bool:
     """Whether `cfg` looks like a T5 (used to pick the family in `to_hf`)."""
-    return cfg.arch == "encoder_decoder" and cfg.position.scheme == "t5_bias"
+    return MODEL_TYPE in family(cfg).hf_model_types and cfg.position.scheme == "t5_bias"
 
 
 def config_to_hf(cfg: ModelConfig) -> tuple[dict[str, Any], str]:

@@ -32,10 +32,11 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.config import ModelConfig
+from attnlab.config.families import traits
 from attnlab.config.load import from_dict, merge, to_dict
 from attnlab.config.validate import ConfigError, check_types, choice, positive
 from attnlab.config.model import MoEConfig
-from attnlab.models.build import HEADS, final_norm_of, init_weights, position_module, transformer_layers
+from attnlab.models.parts import HEADS, final_norm_of, init_weights, position_module, transformer_layers
 
 __all__ = ["VisionConfig", "VisionEncoder", "default_encoder", "patchify"]
 
@@ -92,7 +93,7 @@ class VisionConfig:
 
     def _check_encoder(self) -> None:
         enc = self.encoder
-        if enc.arch != "encoder":
+        if not traits(enc.arch).bidirectional:
             raise ConfigError("encoder.arch", f"a ViT is a bidirectional encoder: expected 'encoder', got {enc.arch!r}")
         choice("encoder.head", enc.head, ("classification", "none"))
         choice("encoder.classifier_pooling", enc.classifier_pooling, POOLINGS)

@@ -28,6 +28,7 @@ from torch import nn
 
 from attnlab.config import ModelConfig
 from attnlab.models.embeddings import Embeddings
+from attnlab.models.families import family
 from attnlab.models.heads import LMHead, MLMHead
 from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.layers import FeedForward
@@ -98,8 +99,9 @@ def communication_cost(config: ModelConfig, *, tp: int, dp: int, seq_len: int, b
     for name, value in sizes:
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if config.arch == "rnn_encoder_decoder":
-        raise ValueError("the cost note covers the Transformer archs, not arch='rnn_encoder_decoder'")
+    encdec = family(config).traits.has_source
+    if family(config).traits.recurrent:
+        raise ValueError(f"the cost note covers the Transformer archs, not arch={config.arch!r}")
     from attnlab.models import build_model
     from attnlab.parallel.tensor import check_supported
 
@@ -125,7 +127,7 @@ def communication_cost(config: ModelConfig, *, tp: int, dp: int, seq_len: int, b
     shaw = config.position.scheme == "relative"
     table = (2 * config.position.relative_max_distance + 1) * config.resolved_head_dim
     table *= 2 if config.position.relative_values else 1
-    if config.arch == "encoder_decoder":
+    if encdec:
         L_enc, L_dec = config.num_layers, config.resolved_decoder_layers
         row("encoder embedding", 1, B * T * D, 0)
         row("encoder self-attention", L_enc, B * T * D, B * T * D)
@@ -149,7 +151,7 @@ def communication_cost(config: ModelConfig, *, tp: int, dp: int, seq_len: int, b
     grad_bytes = params_per_rank * s if dp > 1 else 0
     return {"config": {"arch": config.arch, "d_model": D, "vocab_size": config.vocab_size,
                        "num_layers": config.num_layers},
-            "tp": tp, "dp": dp, "world_size": tp * dp, "seq_len": T, "tgt_len": Tt if config.arch == "encoder_decoder" else None,
+            "tp": tp, "dp": dp, "world_size": tp * dp, "seq_len": T, "tgt_len": Tt if encdec else None,
             "batch_per_dp_rank": B, "bytes_per_value": s, "rows": rows,
             "tp_forward_bytes": fwd, "tp_backward_bytes": bwd,
             "tp_ring_bytes_per_rank": (fwd + bwd) * ring_factor(tp),

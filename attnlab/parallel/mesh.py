@@ -44,9 +44,10 @@ from attnlab.parallel.checkpoint import gather_full_state, gather_optimizer_stat
 from attnlab.parallel.comm import all_reduce_sum, gather_from_parallel
 from attnlab.parallel.layout import check_layout
 from attnlab.parallel.pipeline import Pipeline, is_backend_error
-from attnlab.parallel.stages import STAGE_INPUTS, join_batches
+from attnlab.parallel.stages import join_batches, stage_inputs
 from attnlab.parallel.tensor import local_part, tensor_parallel, vocab_parallel_cross_entropy
 from attnlab.io.checkpoints import load_checkpoint
+from attnlab.models.families import family
 from attnlab.training.config import TrainConfig
 from attnlab.training.strategy.distributed import CollectiveError, ParallelContext
 from attnlab.nn.losses import IGNORE
@@ -59,18 +60,8 @@ __all__ = ["MeshTraining", "vocab_parallel_loss"]
 
 
 def _features(model: nn.Module, batch: dict[str, Tensor]) -> tuple[nn.Module, Tensor]:
-    """(the stack whose head predicts, its last hidden states (B, T, D)), as `steps.batch_loss` runs them."""
-    arch = model.config.arch
-    if arch == "encoder_decoder":
-        memory = model.encode(batch["src_ids"], batch.get("src_mask"))
-        return model.decoder, model.decoder.features(batch["tgt_ids"], batch.get("tgt_mask"), memory=memory,
-                                                     memory_mask=batch.get("src_mask"))
-    if arch == "decoder":
-        return model, model.features(batch["input_ids"], batch.get("attention_mask"),
-                                     prefix_lengths=batch.get("prefix_lengths"),
-                                     document_ids=batch.get("document_ids"))
-    return model, model.features(batch["input_ids"], batch.get("attention_mask"),
-                                 token_type_ids=batch.get("token_type_ids"))
+    """(the stack whose head predicts, its last hidden states (B, T, D)), as its family's `batch_loss` runs them."""
+    return family(model.config).features(model, batch)
 
 
 def _local_logits(model: nn.Module, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
@@ -88,8 +79,8 @@ def _pipeline_batch(arch: str, batch: dict[str, Tensor], objective: str) -> tupl
     Raises:
         ValueError: a batch holding a tensor the stages do not take.
     """
-    first, names = ("src_ids" if arch == "encoder_decoder" else "input_ids"), STAGE_INPUTS[arch]
-    unread = {"prefix_lengths"} if arch == "encoder_decoder" else set()
+    own = family(arch)
+    first, names, unread = own.first_input, stage_inputs(arch), own.unstaged
     extra = sorted(set(batch) - {first, "labels", *names} - unread)
     if extra:
         raise ValueError(f"pipeline parallel passes {first}, labels and {', '.join(names)} to the stages of an "

@@ -50,7 +50,7 @@ cross-entropy on its last stage.
 
 Supported: arch decoder, encoder and encoder_decoder with a per-token head (lm, mlm,
 token_classification) or none, every position scheme and kernel but those that pick tokens by
-id; padded batches, prefix LMs, packed documents (`STAGE_INPUTS`). Refused
+id; padded batches, prefix LMs, packed documents (`stage_inputs`). Refused
 (`check_pipeline_supported`): more stages than layers, rnn_encoder_decoder, pooled heads,
 mixture-of-experts (its balance loss spans the stages), segment memory (memory_len). Dropout
 draws from each rank's own generator: masks differ from a one-process run.
@@ -67,8 +67,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.config import ModelConfig
+from attnlab.models.families import family
 from attnlab.parallel.comm import group_rank, group_size
-from attnlab.parallel.stages import STAGE_INPUTS, pad_batch, shared_parameters, split_stages
+from attnlab.parallel.stages import pad_batch, shared_parameters, split_stages, stage_inputs
 
 def is_backend_error(err: RuntimeError) -> bool:
     """Whether err comes from the communication backend (a peer gone, a timeout), not from the
@@ -201,7 +202,7 @@ class Pipeline:
             input_ids: (B, T) token ids (read on the first stage); an encoder-decoder's source ids (B, S).
             targets: (B, T) targets (read on the last stage), (B, Tt) for an encoder-decoder;
                 `ignore_index` where none.
-            inputs: the model's keyword tensors, given to every stage (`STAGE_INPUTS`):
+            inputs: the model's keyword tensors, given to every stage (`stage_inputs`):
                 attention_mask (B, T), prefix_lengths (B,), document_ids (B, T) of a decoder;
                 attention_mask, token_type_ids (B, T) of an encoder; src_mask (B, S), tgt_ids
                 (B, Tt, required), tgt_mask (B, Tt) of an encoder-decoder. Masks: 1 on real tokens.
@@ -286,22 +287,23 @@ class Pipeline:
 
     def _check_inputs(self, input_ids: Tensor, targets: Tensor | None, inputs: dict[str, Tensor]) -> None:
         """Raise ValueError for a keyword input the model does not take or a shape that does not fit."""
-        arch = self.config.arch
-        unknown = sorted(set(inputs) - set(STAGE_INPUTS[arch]))
+        arch, takes = self.config.arch, stage_inputs(self.config.arch)
+        encdec = family(arch).traits.has_source  # the targets have their own width, Tt
+        unknown = sorted(set(inputs) - set(takes))
         if unknown:
-            raise ValueError(f"a pipeline of arch {arch!r} takes the inputs {', '.join(STAGE_INPUTS[arch])}; got "
+            raise ValueError(f"a pipeline of arch {arch!r} takes the inputs {', '.join(takes)}; got "
                              f"{', '.join(unknown)}")
-        if arch == "encoder_decoder" and "tgt_ids" not in inputs:
+        if encdec and "tgt_ids" not in inputs:
             raise ValueError("an encoder-decoder pipeline needs tgt_ids (B, Tt) beside the source ids")
         if not isinstance(input_ids, Tensor) or input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (B, T), got {tuple(getattr(input_ids, 'shape', ()))}")
         B, widths = input_ids.shape[0], {"input": input_ids.shape[1], None: None}
         widths["target"] = inputs["tgt_ids"].shape[-1] if "tgt_ids" in inputs else input_ids.shape[1]
         if targets is not None and tuple(targets.shape) != (B, widths["target"]):
-            raise ValueError(f"targets must be (B, {'Tt' if arch == 'encoder_decoder' else 'T'}) = "
+            raise ValueError(f"targets must be (B, {'Tt' if encdec else 'T'}) = "
                              f"{(B, widths['target'])}, got {tuple(targets.shape)}")
         for name, t in inputs.items():
-            axis = STAGE_INPUTS[arch][name]
+            axis = takes[name]
             want = (B,) if axis is None else (B, widths[axis])
             if tuple(t.shape) != want:
                 raise ValueError(f"{name} must have shape {want}, got {tuple(t.shape)}")

@@ -57,6 +57,7 @@ from torch import nn
 
 from attnlab.config import ModelConfig
 from attnlab.models.embeddings import Embeddings
+from attnlab.models.families import family
 from attnlab.parallel.cost import communication_cost, ring_factor, sharded_numel
 from attnlab.parallel.stages import check_pipeline_supported, shared_parameters, split_stages, stage_layers
 from attnlab.training.setup.memory import ADAM_BYTES, PARAM_BYTES, layer_activations, layer_keys, stage_activations
@@ -84,9 +85,9 @@ def _check_layout(config: ModelConfig, nproc: int, tp: int, pp: int, dp: int | N
     if batch % micro_batches:
         raise ValueError(f"batch={batch} (rows per data-parallel rank) is not divisible by micro_batches="
                          f"{micro_batches}")
-    if config.arch == "rnn_encoder_decoder":
+    if family(config).traits.recurrent:
         raise ValueError("the plan covers the Transformer archs (decoder, encoder, encoder_decoder), not "
-                         "arch='rnn_encoder_decoder'")
+                         f"arch={config.arch!r}")
     if tp > 1:
         from attnlab.parallel.tensor import check_supported
 
@@ -148,7 +149,7 @@ def plan_layout(config: ModelConfig, *, nproc: int, tp: int = 1, pp: int = 1, dp
 
     with torch.device("meta"):
         model = build_model(config)
-    encdec = config.arch == "encoder_decoder"
+    encdec = family(config).traits.has_source
     S, Tt = seq_len, (tgt_len or seq_len) if encdec else seq_len
     D, V, s = config.d_model, config.vocab_size, bytes_per_value
     m, b = micro_batches, batch // micro_batches

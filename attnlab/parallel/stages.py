@@ -13,20 +13,24 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.config import ModelConfig
+from attnlab.models.families import FAMILIES, family
 from attnlab.models.transformer import EncoderDecoder
 from attnlab.nn.kernels import kernel_class
 
 PER_TOKEN_HEADS = ("lm", "mlm", "token_classification", "none")
-PIPELINE_ARCHS = ("decoder", "encoder", "encoder_decoder")
-# the keyword inputs of every stage by arch (the batch tensors `attnlab.training.tasks.batch_loss.batch_loss`
-# reads besides the first stage's ids and the targets), each with the axis it spans: "input" the
-# width of the first stage's ids (T; an encoder-decoder's source, S), "target" the targets' (Tt),
-# None a number per row
-STAGE_INPUTS: dict[str, dict[str, str | None]] = {
-    "decoder": {"attention_mask": "input", "prefix_lengths": None, "document_ids": "input"},
-    "encoder": {"attention_mask": "input", "token_type_ids": "input"},
-    "encoder_decoder": {"src_mask": "input", "tgt_ids": "target", "tgt_mask": "target"},
-}
+
+
+def stage_inputs(arch: str) -> dict[str, str | None]:
+    """The keyword inputs of every stage of a model of `arch` (the batch tensors its family's
+    `batch_loss` reads besides the first stage's ids and the targets), each with the axis it
+    spans: "input" the width of the first stage's ids (T; an encoder-decoder's source, S),
+    "target" the targets' (Tt), None a number per row."""
+    return family(arch).stage_inputs or {}
+
+
+def pipeline_archs() -> tuple[str, ...]:
+    """The archs whose models a pipeline can cut (their family names `stage_inputs`)."""
+    return tuple(name for name, f in FAMILIES.items() if f.stage_inputs is not None)
 
 
 def stage_layers(num_layers: int, num_stages: int) -> list[range]:
@@ -56,10 +60,11 @@ def check_pipeline_supported(config: ModelConfig, num_stages: int) -> None:
         raise ValueError(f"pp must be a positive integer, got {num_stages!r}")
     if num_stages == 1:
         return
-    if config.arch not in PIPELINE_ARCHS:
-        raise ValueError(f"pipeline parallel (pp={num_stages}) supports arch {', '.join(PIPELINE_ARCHS)}, not "
+    own = family(config)
+    if own.stage_inputs is None:
+        raise ValueError(f"pipeline parallel (pp={num_stages}) supports arch {', '.join(pipeline_archs())}, not "
                          f"arch={config.arch!r}; use pp=1 (tensor or data parallel) for it")
-    if config.arch == "encoder_decoder":  # the encoder's layers, then the decoder's, cut as one stack
+    if len(own.stacks(config)) > 1:  # the encoder's layers, then the decoder's, cut as one stack
         layers = config.num_layers + config.resolved_decoder_layers
         if num_stages > layers:
             raise ValueError(f"pipeline parallel: pp={num_stages} stages is deeper than the model's {layers} layers "
@@ -251,9 +256,9 @@ def pad_batch(arch: str, input_ids: Tensor, targets: Tensor, inputs: dict[str, T
         ([[5, 6, 0]], [[6, 7, -100]])
     """
     width, target_width = widths
-    axes = STAGE_INPUTS[arch]
+    axes = stage_inputs(arch)
     inputs = dict(inputs)
-    bidirectional = {"encoder": "attention_mask", "encoder_decoder": "src_mask"}.get(arch)
+    bidirectional = family(arch).padding_mask
     if bidirectional is not None and bidirectional not in inputs and width > input_ids.shape[1]:
         inputs[bidirectional] = torch.ones_like(input_ids)
     for name, t in inputs.items():
@@ -278,7 +283,7 @@ def join_batches(arch: str, batches: list[tuple[Tensor, Tensor, dict[str, Tensor
             if name not in inputs and not name.endswith("mask"):
                 raise ValueError(f"batches to join must hold the same tensors: one has {name}, another not")
             if name not in inputs:
-                width = widths[0] if STAGE_INPUTS[arch][name] == "input" else widths[1]
+                width = widths[0] if stage_inputs(arch)[name] == "input" else widths[1]
                 inputs[name] = torch.ones(ids.shape[0], width, dtype=torch.long, device=ids.device)
     return (torch.cat([ids for ids, _, _ in padded]), torch.cat([t for _, t, _ in padded]),
             {name: torch.cat([inputs[name] for _, _, inputs in padded]) for name in names})

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from attnlab.config import ModelConfig
 from attnlab.models.embeddings import Embeddings
+from attnlab.models.families import family
 from attnlab.models.heads import LMHead, MLMHead
 from attnlab.nn.attention import MultiHeadAttention
 from attnlab.nn.kernels import KERNELS
@@ -193,9 +194,9 @@ def check_supported(config: ModelConfig, n: int) -> None:
     Raises:
         ValueError: the message names the field, its value and what n requires.
     """
-    if config.arch == "rnn_encoder_decoder":
+    if family(config).traits.recurrent:
         raise ValueError("tensor parallel supports the Transformer archs (decoder, encoder, encoder_decoder), "
-                         "not arch='rnn_encoder_decoder'")
+                         f"not arch={config.arch!r}")
     if not KERNELS[config.attention.kernel].supports.tensor_parallel:
         splittable = ", ".join(name for name, kernel in KERNELS.items() if kernel.supports.tensor_parallel)
         raise ValueError(f"tensor parallel does not support attention.kernel={config.attention.kernel!r}; use "

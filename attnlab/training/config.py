@@ -35,11 +35,12 @@ from typing import Any, ClassVar
 
 from attnlab import presets
 from attnlab.config import ModelConfig
+from attnlab.config.families import traits
 from attnlab.config.load import apply_overrides, from_dict, load_config, load_config_file, merge, parse_value, to_dict
 from attnlab.config.validate import (ConfigError, ConfigTypeError, check_types, choice, in_range, non_negative,
                                      positive, probability)
 from attnlab.data.packing import PACKINGS  # plain | document_masked | pad (data.pack)
-from attnlab.training.config_resolve import Implied, Resolved, apply_objective, objective_fields
+from attnlab.training.config_resolve import Implied, Resolved, apply_objective, objective_fields, recurrent
 from attnlab.training.data.objectives import OBJECTIVES
 from attnlab.training.run_checks import TABLE_POSITIONS, check_run, longest_pair_within
 from attnlab.training.run.signals import STOP_SIGNALS  # SIGTERM | SIGUSR1 | ... (train.stop_signals)
@@ -158,7 +159,7 @@ class DataConfig:
                               "what the validation split is; keep one")
         self._check_bpe_size()
         if self.nsp and not objective.next_sentence:
-            kind = {"decoder": "decoder-only", "encoder_decoder": "encoder-decoder"}.get(objective.arch, objective.arch)
+            kind = traits(objective.arch).kind
             fits = " or ".join(repr(name) for name, spec in OBJECTIVES.items() if spec.next_sentence)
             raise ConfigError(s + "nsp", f"true needs data.objective={fits} (an encoder with a [CLS] token); "
                               f"objective {self.objective!r} trains a {kind} model, which has no next-sentence head")
@@ -418,7 +419,7 @@ def expand_run(data: dict[str, Any]) -> tuple[dict[str, Any], list[Implied]]:
     sbo = section.get("span_boundary", DataConfig.span_boundary)
     known = isinstance(objective, str) and objective in OBJECTIVES  # a list is unhashable: the type check says so
     implied: list[Implied] = []
-    if known and isinstance(nsp, bool) and isinstance(sbo, bool) and model.get("arch") != "rnn_encoder_decoder":
+    if known and isinstance(nsp, bool) and isinstance(sbo, bool) and not recurrent(model.get("arch")):
         user_set = {name for name, value in raw.items() if value is not None} - {"preset"}  # null: the default
         model, implied = apply_objective(model, user_set, objective, nsp, sbo)  # anything else: __post_init__ says why
     return {**data, "model": model, "data": section}, implied  # a data section left out: DataConfig's own defaults

@@ -28,6 +28,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Collection, NamedTuple
 
+from attnlab.config.families import traits
 from attnlab.config.validate import ConfigError
 from attnlab.training.data.objectives import NSP_FIELDS, OBJECTIVES
 
@@ -64,12 +65,18 @@ def objective_fields(objective: str, nsp: bool, arch: str, span_boundary: bool =
         ConfigError: arch `rnn_encoder_decoder` with an objective that does not train an encoder-decoder.
     """
     spec = OBJECTIVES[objective]
-    if arch == "rnn_encoder_decoder":
-        if spec.arch != "encoder_decoder":
-            fits = " or ".join(repr(name) for name, o in OBJECTIVES.items() if o.arch == "encoder_decoder")
-            raise ConfigError("model.arch", f"'rnn_encoder_decoder' needs data.objective {fits}, got {objective!r}")
+    if recurrent(arch):
+        if not traits(spec.arch).has_source:
+            fits = " or ".join(repr(name) for name, o in OBJECTIVES.items() if traits(o.arch).has_source)
+            raise ConfigError("model.arch", f"{arch!r} needs data.objective {fits}, got {objective!r}")
         return {"head": spec.head}
     return spec.model_fields(nsp, span_boundary)
+
+
+def recurrent(arch: Any) -> bool:
+    """Whether `arch` names a recurrent family (it keeps its arch under the encoder-decoder objectives)."""
+    own = traits(arch)
+    return own is not None and own.recurrent
 
 
 def _show(value: Any) -> str:
@@ -126,13 +133,14 @@ def _check_kernel_runs_the_stack(model: dict[str, Any], user_set: Collection[str
     own check would name an arch the user never wrote."""
     attention = model.get("attention")
     kernel_name = attention.get("kernel") if isinstance(attention, dict) else None
-    if "arch" in user_set or not isinstance(kernel_name, str) or model.get("arch") == "encoder":
+    own = traits(model.get("arch"))
+    if "arch" in user_set or not isinstance(kernel_name, str) or own is None or own.bidirectional:
         return  # an arch written by the user: the model's check names it
     from attnlab.nn.kernels import KERNELS  # the model's registry, read only here
 
     kernel = KERNELS.get(kernel_name)
     if kernel is not None and not kernel.supports.causal:
-        encoders = " or ".join(repr(name) for name, o in OBJECTIVES.items() if o.arch == "encoder")
+        encoders = " or ".join(repr(name) for name, o in OBJECTIVES.items() if traits(o.arch).bidirectional)
         stack = {"decoder": "a decoder", "encoder_decoder": "an encoder-decoder"}.get(model["arch"], model["arch"])
         raise ConfigError("model.attention.kernel", f"{kernel_name!r} is bidirectional only, and data.objective="
                           f"{objective!r} trains {stack}: use data.objective {encoders}, or another kernel")

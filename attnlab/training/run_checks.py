@@ -28,6 +28,8 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from attnlab.config.families import traits
+
 from attnlab.config.validate import ConfigError
 from attnlab.training.data.objectives import OBJECTIVES
 
@@ -88,7 +90,7 @@ def check_positions(data: Any, model: Any) -> None:
         ConfigError: naming data.seq_len (data.max_pair_len for pairs) and model.position.max_len.
     """
     position, objective = model.position, OBJECTIVES[data.objective]
-    if model.arch == "rnn_encoder_decoder" or position.scheme not in TABLE_POSITIONS:
+    if traits(model.arch).recurrent or position.scheme not in TABLE_POSITIONS:
         return
     longest = max(n for n in objective.row_lengths(data) if n is not None)
     if longest <= position.max_len:

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from attnlab.config.validate import ConfigError
+from attnlab.models.families import family
 from attnlab.nn.losses import IGNORE
 
 INSTALL = "pip install 'attnlab[tensorboard]'"
@@ -118,7 +119,7 @@ def text_samples(task: Any, model: nn.Module, device: torch.device) -> str | Non
     if batch is None:
         return None
     max_len = model.config.position.max_len
-    if objective.arch == "decoder" and "input_ids" in batch:
+    if family(objective.arch).decoding == "prompt" and "input_ids" in batch:
         prompts = batch["input_ids"][:SAMPLES, :min(PROMPT_TOKENS, max_len - 1)].to(device)
         new = max(0, min(NEW_TOKENS, max_len - prompts.shape[1]))
         out = generate(model, prompts, new, eos_token_id=tok.eos_token_id).tolist()

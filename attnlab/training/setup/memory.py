@@ -63,6 +63,7 @@ from torch import nn
 
 from attnlab.config import ModelConfig
 from attnlab.config.validate import ConfigError
+from attnlab.models.families import family
 from attnlab.training.setup.free_memory import Available, available_memory
 
 PARAM_BYTES = 4  # fp32 weights and gradients
@@ -78,10 +79,7 @@ _LAYER_ROW = re.compile(r"^(encoder\.|decoder\.)?layers\.(\d+)\.(.*)$")  # a cos
 def layer_keys(config: ModelConfig) -> list[LayerKey]:
     """Every layer as (stack, index), an encoder-decoder's encoder first: the one stack that the
     pipeline's stages cut in order."""
-    if config.arch == "encoder_decoder":
-        return ([("encoder.", i) for i in range(config.num_layers)]
-                + [("decoder.", i) for i in range(config.resolved_decoder_layers)])
-    return [("", i) for i in range(config.num_layers)]
+    return [(stack, i) for stack, layers in family(config).stacks(config) for i in range(layers)]
 
 
 def layer_activations(config: ModelConfig, seq_len: int, tgt_len: int, tp: int = 1) -> dict[LayerKey, int]:
@@ -100,7 +98,7 @@ def layer_activations(config: ModelConfig, seq_len: int, tgt_len: int, tp: int =
     """
     from attnlab.inspect.cost import cost_table
 
-    encdec = config.arch == "encoder_decoder"
+    encdec = family(config).traits.has_source
     rows = cost_table(config, tgt_len if encdec else seq_len, src_len=seq_len if encdec else None)
     D = config.d_model
     out: dict[LayerKey, int] = {}
@@ -178,10 +176,11 @@ def row_bytes(config: ModelConfig, seq_len: int, tgt_len: int | None = None, *, 
     Raises:
         ValueError: a recurrent encoder-decoder (the cost model counts Transformers).
     """
-    Tt = (tgt_len or seq_len) if config.arch == "encoder_decoder" else seq_len
+    encdec = family(config).traits.has_source
+    Tt = (tgt_len or seq_len) if encdec else seq_len
     keys = layer_keys(config)
     act = stage_activations(config, keys, layer_activations(config, seq_len, Tt), seq_len, Tt)
-    tokens = seq_len + (Tt if config.arch == "encoder_decoder" else 0)
+    tokens = seq_len + (Tt if encdec else 0)
     return act * ACTIVATION_BYTES[precision] * AUTOGRAD_FACTOR + 8 * BATCH_TENSORS * tokens * grad_accum
 
 
@@ -213,7 +212,7 @@ def estimate_training_memory(model: nn.Module, *, rows: int, seq_len: int, tgt_l
     params = sum(p.numel() for p in unique)
     trained = sum(p.numel() for p in unique if p.requires_grad)
     config = getattr(model, "config", None)
-    covered = isinstance(config, ModelConfig) and config.arch != "rnn_encoder_decoder"
+    covered = isinstance(config, ModelConfig) and bool(family(config).stacks(config))  # Transformer layers
     per_row = row_bytes(config, seq_len, tgt_len, grad_accum=grad_accum, precision=precision) if covered else 0
     return MemoryEstimate(weights=PARAM_BYTES * params, gradients=PARAM_BYTES * trained,
                           optimizer=ADAM_BYTES * trained, per_row=per_row, rows=rows)

@@ -18,7 +18,8 @@ from attnlab.models import build_model
 from attnlab.training.config import TrainConfig
 from attnlab.nn.losses import IGNORE
 from attnlab.training.data.batches import DataPipeline
-from attnlab.training.tasks.batch_loss import batch_loss, eval_sums, nsp_logits
+from attnlab.models.families.encoder import nsp_logits
+from attnlab.training.tasks.batch_loss import batch_loss, eval_sums
 
 WORDS = "alpha beta gamma delta epsilon zeta theta iota kappa lambda sigma omega".split()
 

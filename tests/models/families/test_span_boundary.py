@@ -16,7 +16,7 @@ from attnlab.interop.serialization import load, save
 from attnlab.models.heads import SpanBoundaryHead, span_boundary_head
 from attnlab.training.config import DataConfig
 from attnlab.training.data.objectives import OBJECTIVES
-from attnlab.training.tasks.span_boundary import sbo_eval_sums, sbo_logits, sbo_loss
+from attnlab.models.families.span_boundary import sbo_eval_sums, sbo_logits, sbo_loss
 
 V, MASK = 30, 4  # ids 0..4 are special ([PAD] [UNK] [CLS] [SEP] [MASK])
 SPECIAL = (0, 1, 2, 3, 4)
