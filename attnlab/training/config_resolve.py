@@ -141,7 +141,8 @@ def _check_kernel_runs_the_stack(model: dict[str, Any], user_set: Collection[str
     kernel = KERNELS.get(kernel_name)
     if kernel is not None and not kernel.supports.causal:
         encoders = " or ".join(repr(name) for name, o in OBJECTIVES.items() if traits(o.arch).bidirectional)
-        stack = {"decoder": "a decoder", "encoder_decoder": "an encoder-decoder"}.get(model["arch"], model["arch"])
+        kind = traits(model["arch"]).kind
+        stack = f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} model"
         raise ConfigError("model.attention.kernel", f"{kernel_name!r} is bidirectional only, and data.objective="
                           f"{objective!r} trains {stack}: use data.objective {encoders}, or another kernel")
 

@@ -75,9 +75,9 @@ def test_a_preset_value_is_not_the_users():
 def test_a_kernel_that_cannot_run_the_implied_stack_names_the_objective():
     linformer = {"preset": "tiny-decoder", "attention": {"kernel": "linformer"}}
     with pytest.raises(ConfigError, match=r"^model\.attention\.kernel: 'linformer' is bidirectional only, and "
-                                          r"data\.objective='causal_lm' trains a decoder"):
+                                          r"data\.objective='causal_lm' trains a decoder-only model"):
         TrainConfig.resolve({"model": linformer})
-    with pytest.raises(ConfigError, match=r"data\.objective='seq2seq' trains an encoder-decoder"):
+    with pytest.raises(ConfigError, match=r"data\.objective='seq2seq' trains an encoder-decoder model"):
         TrainConfig.resolve({"model": linformer, "data": {"objective": "seq2seq"}})
     # an arch the user wrote: the model's own check names it
     with pytest.raises(ConfigError, match=r"^model\.attention\.kernel: 'linformer' is bidirectional only: it needs "
