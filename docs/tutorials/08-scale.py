@@ -92,14 +92,14 @@ print(f"A split by rows, summed after GeLU: off by {(wrong - F.gelu(X @ A)).abs(
 #   `tensor_parallel`, run a training step with the vocabulary-parallel cross-entropy (no rank
 #   forms the `(N, V)` logits), and report the loss, the parameters it holds and the bytes it wrote
 #   during the step (`/proc/self/io`: gloo's sends, with their headers, are all it writes);
-# - `pp_worker`: the same through a two-stage `DataPipeline` with 4 micro-batches under 1F1B.
+# - `pp_worker`: the same through a two-stage `Pipeline` with 4 micro-batches under 1F1B.
 
 # %%
 WORKERS = '''
 """Functions each rank runs in tutorial 8 (attnlab.parallel.spawn imports them by name)."""
 import torch
 import attnlab
-from attnlab.parallel import DataPipeline, tensor_parallel, vocab_parallel_cross_entropy
+from attnlab.parallel import Pipeline, tensor_parallel, vocab_parallel_cross_entropy
 
 
 def bytes_written():
@@ -129,7 +129,7 @@ def tp_worker(ctx, cfg, ids, labels):
 
 def pp_worker(ctx, cfg, ids, labels, micro_batches, schedule):
     torch.manual_seed(0)
-    pipe = DataPipeline(attnlab.build_model(cfg), ctx.pp_group, micro_batches=micro_batches, schedule=schedule)
+    pipe = Pipeline(attnlab.build_model(cfg), ctx.pp_group, micro_batches=micro_batches, schedule=schedule)
     pipe.step(ids, labels)
     for p in pipe.parameters():
         p.grad = None
@@ -185,7 +185,7 @@ for rank, r in enumerate(tp):
 # pass; with two ranks a ring all-reduce sends the whole payload once. What gloo wrote is the
 # plan's count plus its message headers.
 #
-# ### DataPipeline parallel, pp = 2
+# ### Pipeline parallel, pp = 2
 
 # %%
 start = time.perf_counter()
