@@ -114,7 +114,7 @@ def longest_pair_within(objective: str, max_len: int, default: int) -> int:
 def check_kernel_layout(model: Any, parallel: Any) -> None:
     """The attention kernel against a tensor- or pipeline-parallel layout: tp splits a layer's
     heads over ranks (Supports.tensor_parallel); pp hands the token ids to the first stage only,
-    which a kernel that picks tokens by id (longformer's global_token_id) needs on every stage.
+    which a kernel that picks tokens by id (a global token chosen by its id) needs on every stage.
 
     Raises:
         ConfigError: naming parallel.tp or parallel.pp and the kernel.
