@@ -160,3 +160,66 @@ def load_full_checkpoint(path: str | os.PathLike, group=None, *, gather_output: 
     model = load(path)
     model.train()
     return tensor_parallel(model, group, gather_output=gather_output)
+
+
+def read_checkpoint_part(path: str | os.PathLike, model: nn.Module, module: nn.Module, optimizer_order: list[str],
+                         plain_state: dict[str, dict[str, object]]
+                         ) -> tuple[dict[str, Tensor], dict[str, dict[str, object]], dict[str, Tensor]]:
+    """The tensors of `module` (a part of `model`: a pipeline stage, or the whole) in a training
+    checkpoint written in the full layout (`attnlab.io.checkpoints.save_checkpoint`, by any
+    layout), reading from its files only those tensors, by name, not the others.
+
+    Args:
+        path: the checkpoint folder (model.safetensors, optimizer.safetensors, state.json: read
+            and its sha256 checked by the caller).
+        model: the whole model (on the meta device or not: names and ties only).
+        module: the part whose tensors are read; its parameter names are the model's.
+        optimizer_order: the name of each parameter of the whole model's optimizer, in its
+            order: the index `i` of the checkpoint's `optimizer.{i}.{key}` tensors.
+        plain_state: state.json's `optimizer.state` (the entries that are not tensors, by index).
+
+    Returns:
+        (weights: each of `module`'s parameter and persistent buffer names -> the full tensor,
+        moments: parameter name -> {key: tensor}, the RNG state tensors `rng.*`).
+
+    Raises:
+        CheckpointError: a tensor of `module` missing from the files.
+    """
+    from attnlab.io.checkpoints import CheckpointError
+    from attnlab.io.weights import alias_groups, read_safetensors, safetensors_names
+
+    path = Path(path)
+    weights_file, optimizer_file = path / "model.safetensors", path / OPTIMIZER_FILE
+    aliases = alias_groups(model)
+    present = safetensors_names(weights_file)
+    wanted: dict[str, str] = {}  # the module's name -> the file's name (a tied tensor is stored once)
+    for name, _ in module.named_parameters(remove_duplicate=False):
+        found = next((n for n in aliases.get(name, (name,)) if n in present), None)
+        if found is None:
+            raise CheckpointError(f"{weights_file} has no tensor {name}")
+        wanted[name] = found
+    persistent = set(module.state_dict(keep_vars=True)) - set(wanted)
+    wanted.update({name: name for name in persistent if name in present})
+    stored = read_safetensors(weights_file, names=sorted(set(wanted.values())))
+    weights = {name: stored[found] for name, found in wanted.items()}
+    index = {name: i for i, name in enumerate(optimizer_order)}
+    mine = {}
+    for name, _ in module.named_parameters():
+        i = next((index[n] for n in aliases.get(name, (name,)) if n in index), None)
+        if i is not None:
+            mine[f"optimizer.{i}."] = name
+    keys = [k for k in safetensors_names(optimizer_file)
+            if k.startswith("rng.") or k[:k.find(".", len("optimizer.")) + 1] in mine]
+    flat = read_safetensors(optimizer_file, names=keys)
+    moments: dict[str, dict[str, object]] = {}
+    rng = {}
+    for key, value in flat.items():
+        if key.startswith("rng."):
+            rng[key] = value
+            continue
+        prefix, _, entry = key.rpartition(".")
+        moments.setdefault(mine[prefix + "."], {})[entry] = value
+    for prefix, name in mine.items():
+        for entry, value in plain_state.get(prefix[len("optimizer."):-1], {}).items():
+            moments.setdefault(name, {})[entry] = value
+    return weights, moments, rng

@@ -19,8 +19,11 @@ Notation: tp, pp, dp the mesh sizes (attnlab.training.strategy.distributed: rank
     evaluation forward only, through the stages (`Pipeline.forward_only`) and the vocabulary
                shards: val_loss, val_ppl, and val_mlm_accuracy for a masked LM
     checkpoint gathered on save (tp shards, then the stages, onto rank 0, which writes the run
-               folder's checkpoint as a one-process run would); read whole by every rank on
-               resume and cut to its shard and stage: a run resumes on any layout
+               folder's checkpoint as a one-process run would); on resume each rank reads its
+               stage's tensors alone and cuts them to its shard: a run resumes on any layout
+    memory     pp > 1: the model comes built on the meta device (`pretrain_setup`); each rank
+               checks its stage fits, then makes that stage alone, on its device, initialised
+               as the whole model would be or read from init_from (attnlab.parallel.materialise)
 
 The loss and every gradient are those of one process with k dp micro-batches (up to float
 rounding), so a run's losses match a one-process run of the same config. Not computed under
@@ -40,13 +43,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.evaluation import perplexity
-from attnlab.parallel.checkpoint import gather_full_state, gather_optimizer_state
+from attnlab.parallel.checkpoint import gather_full_state, gather_optimizer_state, read_checkpoint_part
 from attnlab.parallel.comm import all_reduce_sum, gather_from_parallel
 from attnlab.parallel.layout import check_layout
+from attnlab.parallel.materialise import has_meta, materialise_rank_stage
 from attnlab.parallel.pipeline import Pipeline, is_backend_error
 from attnlab.parallel.stages import STAGE_INPUTS, join_batches
 from attnlab.parallel.tensor import local_part, tensor_parallel, vocab_parallel_cross_entropy
-from attnlab.io.checkpoints import load_checkpoint
+from attnlab.io.checkpoints import read_state, set_rng_state
 from attnlab.training.config import TrainConfig
 from attnlab.training.strategy.distributed import CollectiveError, ParallelContext
 from attnlab.nn.losses import IGNORE
@@ -131,6 +135,8 @@ class MeshTraining:
             raise ValueError(f"parallel.tp / parallel.pp train the pretraining objectives of attnlab train; a "
                              f"{type(task).__name__} trains with data parallel alone")
         self.ctx, self.config = ctx, config
+        if has_meta(model):  # pp > 1: built on the meta device; this rank makes its own stage alone
+            materialise_rank_stage(model, ctx, config)
         self.tp_group = ctx.tp_group if ctx.tp_size > 1 else None
         if self.tp_group is not None:
             tensor_parallel(model, self.tp_group, gather_output=False)
@@ -293,26 +299,35 @@ class MeshTraining:
 
     def load_checkpoint(self, path, *, model: nn.Module, optimizer: torch.optim.Optimizer,
                         data_generator: torch.Generator) -> dict[str, Any]:
-        """`attnlab.io.checkpoints.training_state.load_checkpoint` for this rank: the checkpoint read whole
-        (written by any layout), then this rank's shard of each weight and optimizer moment kept.
-        `model` is this rank's (sharded) model, `optimizer` over `self.module`. Returns state.json."""
-        full, full_opt = self._full_twins()
-        state = load_checkpoint(path, model=full, optimizer=full_opt, data_generator=data_generator)
+        """`attnlab.io.checkpoints.training_state.load_checkpoint` for this rank: from a checkpoint
+        in the full layout (written by any layout) only this rank's stage's tensors are read
+        (weights and optimizer moments, by name), then cut to its tensor-parallel shard. `model`
+        is this rank's (sharded) model, `optimizer` over `self.module`. Returns state.json.
+
+        Raises:
+            CheckpointError: corrupted files, or a tensor of this stage missing from them.
+        """
+        state = read_state(path)  # the files' sha256 checked first
+        groups = decay_groups(self.model, self.config.optim.weight_decay)  # the whole model's optimizer order
+        names = {id(p): name for name, p in self.model.named_parameters()}
+        order = [names[id(p)] for g in groups if g["params"] for p in g["params"]]
+        weights, moments, rng = read_checkpoint_part(path, self.model, self.module, order,
+                                                     state["optimizer"]["state"])
         tp, r = self.ctx.tp_size, self.ctx.tp_rank
-        whole = dict(full.named_parameters(remove_duplicate=False))
         with torch.no_grad():
-            for name, p in model.named_parameters():
-                p.copy_(local_part(whole[name], p, tp, r) if getattr(p, "tp_dim", None) is not None else whole[name])
-            buffers = dict(full.named_buffers())
-            for name, b in model.named_buffers():
-                if name in buffers and buffers[name].shape == b.shape:  # (ALiBi's sliced slopes are rebuilt, not read)
-                    b.copy_(buffers[name])
-        names = {id(p): name for name, p in self.module.named_parameters()}
+            for name, p in self.module.named_parameters():
+                whole = weights[name]
+                p.copy_(local_part(whole, p, tp, r) if getattr(p, "tp_dim", None) is not None else whole)
+            for name, b in self.module.named_buffers():
+                if name in weights and weights[name].shape == b.shape:  # (ALiBi's sliced slopes are rebuilt, not read)
+                    b.copy_(weights[name])
+        mine = {id(p): name for name, p in self.module.named_parameters()}
         optimizer.state.clear()
         for group in optimizer.param_groups:
             for p in group["params"]:
-                entries = full_opt.state.get(whole[names[id(p)]], {})
+                entries = moments.get(mine[id(p)], {})
                 optimizer.state[p] = {key: self._local(value, p) for key, value in entries.items()}
+        set_rng_state(rng, data_generator)
         return state
 
     def _local(self, value: Any, p: nn.Parameter) -> Any:

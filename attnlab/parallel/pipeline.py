@@ -145,7 +145,7 @@ class Pipeline:
         self._tp_group = model.tp_group if getattr(model, "tp_size", 1) > 1 else None
         self._loss_fn = loss_fn or self._token_loss
         self._targets = 1
-        self.device = next(model.parameters()).device
+        self.device = next(self.stage.parameters()).device  # (the other stages' may be on the meta device)
         self.schedule_name = schedule
         self._widths: tuple[int, int] | None = None  # (ids, targets) widths the stages send: set by the first step
         self._schedule, self._step_options = self._build_schedule() if self.num_stages > 1 else (None, {})

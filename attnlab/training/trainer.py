@@ -209,7 +209,8 @@ class Trainer:
         check_training_memory(model, config, self.device, precision=self.precision, task=task)  # before any batch
         if self.pipeline is not None:
             self.pipeline.check_batches()  # data too short for one batch: refused now, not at the first evaluation
-        self.model = model.to(self.device)
+        # [parallel] pp: a model built on the meta device; the mesh hooks make this rank's stage, on its device
+        self.model = model if any(p.is_meta for p in model.parameters()) else model.to(self.device)
         self.mesh = mesh(self.model, self.parallel, config, task) if mesh is not None else None
         if run.activation_checkpointing:
             checkpoint_activations(self.model)  # (attnlab.training.setup.speedups)

@@ -313,6 +313,35 @@ def check_training_memory(model: nn.Module, config: Any, device: torch.device, *
     raise _too_large(estimate, shape, room, available, resident, processes)
 
 
+def check_stage_memory(estimate: MemoryEstimate, device: torch.device, *, stage: str,
+                       available: Available | None = None) -> MemoryEstimate | None:
+    """Refuse a pipeline stage (parallel.pp > 1) whose step cannot fit in this rank's memory,
+    before its weights are made: `estimate` counts the stage's own parameters (not the whole
+    model's), their gradients and Adam states, and the activations the schedule keeps
+    (`attnlab parallel plan`'s figures). `stage` names it in the message ("stage 1 of 2").
+    Under torchrun on a CPU, the LOCAL_WORLD_SIZE processes of this machine share its memory.
+
+    Returns:
+        the estimate, or None where the memory is unknown.
+
+    Raises:
+        ConfigError: naming parallel.pp, the estimate and its parts, the memory available and
+            where that figure comes from, and the switch that skips the check.
+    """
+    available = available or available_memory(device)
+    if available is None:
+        return None
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if device.type == "cpu" else 1
+    room = available.bytes // max(processes, 1)
+    if estimate.total <= room:
+        return estimate
+    shared = f", shared by {processes} processes" if processes > 1 else ""
+    raise ConfigError("parallel.pp", f"{stage} needs about {size(estimate.total)} at the peak of a training step "
+                      f"({estimate.describe()}), but {size(available.bytes)} is available ({available.source}{shared}); "
+                      "use more stages or a smaller model or batch, or set train.check_memory to false to skip this "
+                      "estimate")
+
+
 def _too_large(estimate: MemoryEstimate, shape: BatchShape | None, room: int, available: Available, resident: int,
                processes: int) -> ConfigError:
     """The one-line refusal of `check_training_memory`: the batch field with the largest value
@@ -333,5 +362,5 @@ def _too_large(estimate: MemoryEstimate, shape: BatchShape | None, room: int, av
 
 
 __all__ = ["ACTIVATION_BYTES", "ADAM_BYTES", "AUTOGRAD_FACTOR", "BatchShape", "MemoryEstimate", "PARAM_BYTES",
-           "batch_shape", "check_training_memory", "estimate_training_memory", "layer_activations", "layer_keys",
+           "batch_shape", "check_stage_memory", "check_training_memory", "estimate_training_memory", "layer_activations", "layer_keys",
            "row_bytes", "size", "stage_activations"]
