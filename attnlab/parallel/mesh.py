@@ -43,14 +43,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.evaluation import perplexity
-from attnlab.parallel.checkpoint import gather_full_state, gather_optimizer_state, read_checkpoint_part
+from attnlab.parallel.checkpoint import gather_full_state, gather_optimizer_state
 from attnlab.parallel.comm import all_reduce_sum, gather_from_parallel
 from attnlab.parallel.layout import check_layout
 from attnlab.parallel.materialise import has_meta, materialise_rank_stage
 from attnlab.parallel.pipeline import Pipeline, is_backend_error
+from attnlab.parallel.stage_checkpoint import (StageShare, full_param_groups, optimizer_order, read_checkpoint_part,
+                                               write_pipeline_files)
 from attnlab.parallel.stages import STAGE_INPUTS, join_batches
 from attnlab.parallel.tensor import local_part, tensor_parallel, vocab_parallel_cross_entropy
-from attnlab.io.checkpoints import read_state, set_rng_state
+from attnlab.io.checkpoints import read_state, rng_state, save_checkpoint, set_rng_state
 from attnlab.training.config import TrainConfig
 from attnlab.training.strategy.distributed import CollectiveError, ParallelContext
 from attnlab.nn.losses import IGNORE
@@ -268,6 +270,36 @@ class MeshTraining:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         return full, full_opt
 
+    def save(self, folder, *, optimizer: torch.optim.Optimizer, data_generator: torch.Generator,
+             **checkpoint: Any) -> Any:
+        """`attnlab.io.checkpoints.save_checkpoint(folder, ...)` of the whole model and optimizer,
+        as a one-process run writes it; every rank calls, rank 0 writes and returns the checkpoint's
+        folder (None elsewhere). On a pipeline (tp = 1) the stages send their tensors one at a time
+        to rank 0, which streams them into the files (`attnlab.parallel.stage_checkpoint`): no rank
+        holds more than its stage and one other tensor. Otherwise the parts are gathered on rank 0
+        first (`gather`). `checkpoint`: save_checkpoint's other arguments (step, schedule_state,
+        extra, metric, keep_last)."""
+        if self.pipe is None or self.tp_group is not None:
+            model, full_opt = self.gather(optimizer)
+            if not self.ctx.is_main:
+                return None
+            return save_checkpoint(folder, model=model, optimizer=full_opt, data_generator=data_generator, **checkpoint)
+        if self.ctx.dp_rank != 0:
+            return None  # the first pipeline's stages write; the others hold the same
+        index, num_stages = self.pipe.index, self.pipe.num_stages
+        with self.guard("writing the checkpoint"):
+            share = StageShare(self.model, index, num_stages, optimizer, self.config.optim.weight_decay)
+            if index != 0:
+                write_pipeline_files(None, share, self.pipe.group, index, num_stages)
+                return None
+            groups = full_param_groups(self.model, optimizer, self.config.optim)
+
+            def files(tmp):
+                return write_pipeline_files(tmp, share, self.pipe.group, index, num_stages, param_groups=groups,
+                                            rng=rng_state(data_generator), device=self.pipe.device)
+
+            return save_checkpoint(folder, files=files, data_generator=data_generator, **checkpoint)
+
     def _gather_to_rank0(self, optimizer) -> tuple[dict[str, Tensor], dict[str, Tensor]] | None:
         """(weights, flat optimizer state) in the full layout on rank 0: the tp shards of each stage
         gathered on its tp rank 0, then the stages' parts on rank 0 (the first data-parallel
@@ -308,9 +340,7 @@ class MeshTraining:
             CheckpointError: corrupted files, or a tensor of this stage missing from them.
         """
         state = read_state(path)  # the files' sha256 checked first
-        groups = decay_groups(self.model, self.config.optim.weight_decay)  # the whole model's optimizer order
-        names = {id(p): name for name, p in self.model.named_parameters()}
-        order = [names[id(p)] for g in groups if g["params"] for p in g["params"]]
+        order = optimizer_order(self.model, self.config.optim.weight_decay)  # the whole model's optimizer's
         weights, moments, rng = read_checkpoint_part(path, self.model, self.module, order,
                                                      state["optimizer"]["state"])
         tp, r = self.ctx.tp_size, self.ctx.tp_rank

@@ -304,12 +304,12 @@ class Trainer:
         if self.scaler.is_enabled():
             extra["grad_scaler"] = self.scaler.state_dict()  # fp16: the loss scale, its growth count (numbers)
         path = self.checkpoint_dir
-        # [parallel] tp / pp: the whole model and optimizer state, gathered on rank 0 (every rank takes part)
-        model, optimizer = self.mesh.gather(self.optimizer) if self.mesh is not None else (self.model, self.optimizer)
-        if self.parallel.is_main:  # [parallel] one writer; the others wait for the checkpoint
-            path = save_checkpoint(self.checkpoint_dir, step=self.step, model=model, optimizer=optimizer,
-                                   schedule_state=self.schedule.state_dict(), data_generator=self.data_generator,
-                                   extra=extra, metric=metric, keep_last=self.config.train.keep_last)
+        run = dict(step=self.step, schedule_state=self.schedule.state_dict(), data_generator=self.data_generator,
+                   extra=extra, metric=metric, keep_last=self.config.train.keep_last)
+        if self.mesh is not None:  # [parallel] tp / pp: every rank sends its part, rank 0 writes the whole layout
+            path = self.mesh.save(self.checkpoint_dir, optimizer=self.optimizer, **run) or path
+        elif self.parallel.is_main:  # [parallel] one writer; the others wait for the checkpoint
+            path = save_checkpoint(self.checkpoint_dir, model=self.model, optimizer=self.optimizer, **run)
         self.parallel.barrier()
         return path
 
