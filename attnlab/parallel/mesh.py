@@ -117,7 +117,10 @@ class MeshTraining:
     """One rank's part of a tensor- and/or pipeline-parallel run (see the module docstring).
 
     Args:
-        model: the full model, built alike on every rank (same seed), on its device.
+        model: the full model, built alike on every rank (same seed), on its device; or (pp > 1)
+            on the meta device with a `stage_source` (`pretrain_setup` builds it so), this rank's
+            stage then made alone on its device (`materialise_rank_stage`, after checking that
+            the stage fits in memory).
         ctx: this rank's place (`init_from_env(tp, pp=pp, dp=dp)`).
         config: the run; its `parallel` section gives the layout.
         task: the pretraining task (its `pipeline` gives the evaluation batches).

@@ -150,3 +150,40 @@ def test_streamed_safetensors_read_back_in_safetensors_own_reader(tmp_path):
         assert back[name].dtype == t.dtype and torch.equal(back[name], t), name
     with pytest.raises(RuntimeError, match="announced"):
         _stream_safetensors(tmp_path / "y.safetensors", [("w", (2,), "F32")], lambda n: torch.zeros(3))
+
+
+def test_init_from_under_pp_builds_on_meta_and_each_stage_reads_the_runs_best_weights(tmp_path):
+    """`pretrain_setup` of a pp 2 run with model.init_from = an `attnlab train` run folder: the model
+    on the meta device, its stage_source the best checkpoint's weights file, the run's tokenizer;
+    each stage made from it holds the run's trained weights."""
+    from tests.training.helpers import tiny_config
+    from attnlab.training import TrainConfig, Trainer
+    from attnlab.training.setup.start import pretrain_setup
+
+    first = tiny_config(tmp_path / "data", max_steps=2, eval_every=2, checkpoint_every=2)
+    first["model"]["num_layers"] = 2
+    first["schedule"]["warmup_steps"] = 1
+    Trainer(TrainConfig.from_dict(first), log=lambda text: None, show_progress=False).fit()
+    run = tmp_path / "data" / "run"
+    trained = attnlab.load(run)
+    second = tiny_config(tmp_path / "data2")
+    second["model"] = {"init_from": str(run)}
+    second["parallel"] = {"pp": 2}
+    logged = []
+    task, model = pretrain_setup(TrainConfig.from_dict(second), tmp_path / "out", show_progress=False,
+                                 log=logged.append)
+    assert all(p.is_meta for p in model.parameters())
+    assert model.stage_source.weights.name == "model.safetensors" and model.stage_source.rng_state is None
+    assert model.stage_source.weights.parent.parent.parent == run  # RUN/checkpoints/step-N/
+    assert task.pipeline.tokenizer.vocab_size == trained.config.vocab_size
+    assert "each pipeline stage reads its own tensors" in logged[0]
+    whole = dict(trained.named_parameters(remove_duplicate=False))
+    for index in range(2):
+        with torch.device("meta"):
+            stage_model = build_model(model.config)
+        materialise_stage(stage_model, index, 2, model.stage_source, "cpu")
+        held = {id(p) for p in StageModule(stage_model, index, 2).parameters()}
+        for key, p in stage_model.named_parameters(remove_duplicate=False):
+            assert (id(p) in held) != p.is_meta
+            if id(p) in held:
+                assert torch.equal(p, whole[key]), key

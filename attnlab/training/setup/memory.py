@@ -13,7 +13,8 @@ false skips it).
 
 This is the one cost model of training memory: `attnlab parallel plan` (attnlab.parallel.plan)
 reads its functions per pipeline stage and tensor-parallel rank; the Trainer reads them for the
-whole model on one process. What one process holds at the peak of a step:
+whole model on one process, and each pipeline rank for its own stage (`check_stage_memory`,
+before the stage's weights are made). What one process holds at the peak of a step:
 
     weights       4 p        p: the model's parameters, fp32 (autocast keeps them so)
     gradients     4 t        t: the parameters that train (LoRA: its adapters; frozen ones none)
@@ -272,8 +273,8 @@ def check_training_memory(model: nn.Module, config: Any, device: torch.device, *
     Args:
         model: the model to train, on the CPU or already on `device`.
         config: the run's TrainConfig: train.check_memory false skips the check; a parallel
-            layout that splits the model (parallel.tp or pp > 1) is `attnlab parallel plan`'s to
-            size, and skipped too. Under torchrun on a CPU, the LOCAL_WORLD_SIZE processes of
+            layout that splits the model (parallel.tp or pp > 1) is skipped here: under pp each
+            rank checks its own stage before making it (`check_stage_memory`). Under torchrun on a CPU, the LOCAL_WORLD_SIZE processes of
             this machine share its memory: each is counted.
         device: where it trains.
         precision: the run's resolved precision (attnlab.training.setup.precision.resolve_precision).
