@@ -102,10 +102,12 @@ def _registration_plan(config: ModelConfig, index: int, num_stages: int) -> list
     return [(id(p) in held, tuple(p.shape)) for p in seen]
 
 
-def build_stage(config: ModelConfig, index: int, num_stages: int) -> nn.Module:
+def build_stage(config: ModelConfig, index: int, num_stages: int, *, initialise: bool = True) -> nn.Module:
     """`build_model(config)` where only stage `index` of `num_stages` holds its parameters (on the
     CPU, equal to the whole model's built from the same generator state), every other parameter
     on the meta device; torch's CPU generator is left where `build_model` leaves it (module docstring).
+    initialise=False: the stage's parameters stay on the meta device too (its weights are read
+    from a file), the buffers alone are made.
 
     Raises:
         ValueError: a model or split `check_pipeline_supported` refuses.
@@ -121,7 +123,7 @@ def build_stage(config: ModelConfig, index: int, num_stages: int) -> nn.Module:
         if i >= len(plan) or plan[i][1] != tuple(p.shape):
             raise RuntimeError(f"{type(module).__name__}.{name}: registration {i} of a {config.arch} differs from its "
                                "meta-device build; the stage cannot be built alone")
-        return None if plan[i][0] or stand_ins.holds(p) else stand_ins.make(p)
+        return None if (initialise and plan[i][0]) or stand_ins.holds(p) else stand_ins.make(p)
 
     with _Registrations(decide) as registrations, stand_ins:
         model = build_model(config)
@@ -182,7 +184,7 @@ def materialise_stage(model: nn.Module, index: int, num_stages: int, source: Sta
         built = build_stage(config, index, num_stages)
     else:
         with torch.random.fork_rng(devices=[]):  # buffers only: every parameter a stand-in, no draw kept
-            built = build_stage(config, index, num_stages)
+            built = build_stage(config, index, num_stages, initialise=False)
         held = {id(p) for p in StageModule(model, index, num_stages).parameters()}
         read = read_stage_weights(source.weights, model, held)
         for name, p in list(built.named_parameters(remove_duplicate=False)):

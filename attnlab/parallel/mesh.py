@@ -18,9 +18,11 @@ Notation: tp, pp, dp the mesh sizes (attnlab.training.strategy.distributed: rank
                replicated tensor counted once (`clip_grad_norm`)
     evaluation forward only, through the stages (`Pipeline.forward_only`) and the vocabulary
                shards: val_loss, val_ppl, and val_mlm_accuracy for a masked LM
-    checkpoint gathered on save (tp shards, then the stages, onto rank 0, which writes the run
-               folder's checkpoint as a one-process run would); on resume each rank reads its
-               stage's tensors alone and cuts them to its shard: a run resumes on any layout
+    checkpoint the run folder's checkpoint as a one-process run writes it, by rank 0: on a
+               pipeline (tp = 1) the stages stream their tensors to it one at a time
+               (attnlab.parallel.stage_checkpoint); with tp > 1 the shards, then the stages, are
+               gathered on it first; on resume each rank reads its stage's tensors alone and
+               cuts them to its shard: a run resumes on any layout
     memory     pp > 1: the model comes built on the meta device (`pretrain_setup`); each rank
                checks its stage fits, then makes that stage alone, on its device, initialised
                as the whole model would be or read from init_from (attnlab.parallel.materialise)

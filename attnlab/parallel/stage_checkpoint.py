@@ -96,7 +96,7 @@ class StageShare:
         self.moments: dict[str, Tensor] = {}
         self.plain: dict[str, dict[str, Any]] = {}
         for i, name in enumerate(order):
-            if f"{name}" not in self.weights or id(params[name]) not in own:
+            if name not in self.weights or id(params[name]) not in own:
                 continue  # another stage's, or a shared one written by its first holder
             for key, value in optimizer.state.get(params[name], {}).items():
                 if isinstance(value, Tensor):
