@@ -163,6 +163,21 @@ def to_device(model: nn.Module, device: torch.device | str) -> nn.Module:
     return model
 
 
+def release_other_stages(model: nn.Module, stage: nn.Module) -> nn.Module:
+    """Put every parameter of `model` that `stage` does not hold on the meta device, in place (a
+    tied one stays tied): a model built or read whole keeps its stage alone. Returns `model`."""
+    held = {id(p) for p in stage.parameters()}
+    metas: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None and not p.is_meta and id(p) not in held:
+                if id(p) not in metas:
+                    metas[id(p)] = nn.Parameter(torch.empty(p.shape, dtype=p.dtype, device="meta"),
+                                                requires_grad=p.requires_grad)
+                module._parameters[name] = metas[id(p)]
+    return model
+
+
 def has_meta(model: nn.Module) -> bool:
     """Whether some of `model`'s parameters are on the meta device (hold no data)."""
     return any(p.is_meta for p in model.parameters())

@@ -48,7 +48,7 @@ from attnlab.evaluation import perplexity
 from attnlab.parallel.checkpoint import gather_full_state, gather_optimizer_state
 from attnlab.parallel.comm import all_reduce_sum, gather_from_parallel
 from attnlab.parallel.layout import check_layout
-from attnlab.parallel.materialise import has_meta, materialise_rank_stage
+from attnlab.parallel.materialise import has_meta, materialise_rank_stage, release_other_stages
 from attnlab.parallel.pipeline import Pipeline, is_backend_error
 from attnlab.parallel.stage_checkpoint import (StageShare, full_param_groups, optimizer_order, read_checkpoint_part,
                                                write_pipeline_files)
@@ -154,6 +154,8 @@ class MeshTraining:
             self.pipe = Pipeline(model, ctx.pp_group, micro_batches=par.micro_batches, schedule=par.schedule,
                                  label_smoothing=config.optim.label_smoothing, dp_group=ctx.dp_group)
         self.module: nn.Module = self.pipe.stage if self.pipe is not None else model  # what this rank trains
+        if self.pipe is not None:  # a model given whole (init_from read whole, a caller's): the rest let go
+            release_other_stages(model, self.module)
 
     # ---------------------------------------------------------------- training
     def param_groups(self, weight_decay: float) -> list[dict]:

@@ -187,3 +187,17 @@ def test_init_from_under_pp_builds_on_meta_and_each_stage_reads_the_runs_best_we
             assert (id(p) in held) != p.is_meta
             if id(p) in held:
                 assert torch.equal(p, whole[key]), key
+
+
+def test_a_model_given_whole_lets_the_other_stages_go():
+    from attnlab.parallel.materialise import release_other_stages
+
+    model = build_model(_config("decoder_tied_rotary"))
+    stage = StageModule(model, 1, 2)
+    before = {name: p.detach().clone() for name, p in stage.named_parameters(remove_duplicate=False)}
+    release_other_stages(model, stage)
+    held = {id(p) for p in stage.parameters()}
+    assert all((id(p) in held) != p.is_meta for p in model.parameters())
+    assert model.head.proj.weight is model.embed.token.weight  # the tie kept, on the stage that holds the head
+    for name, p in stage.named_parameters(remove_duplicate=False):
+        assert torch.equal(p, before[name]), name
