@@ -20,7 +20,8 @@ Measured on each rank:
     bytes     what the process wrote per step (/proc/self/io wchar: gloo's TCP sends with their
               headers; nothing else writes during a timed step), against the plan's bytes sent by
               one rank (ring) of its stage: tp + pp + pp shared + dp
-    tensors   counted by torch after a step: the parameters the rank holds and those its optimizer
+    tensors   counted by torch after a step: the parameters the rank holds (with data: a pipeline
+              rank's other stages are on the meta device) and those its optimizer
               trains, their gradients, the AdamW moments; and the peak bytes autograd holds for
               backward during a step (saved-tensor hooks; a storage counts once, parameters and
               buffers not at all) -- against the plan's weights, gradients, Adam and activations
@@ -33,6 +34,10 @@ Measured on each rank:
               above the resident set just before the step. Before each of these steps the C
               allocator's free pages are handed back (glibc malloc_trim), else the resident set
               never falls from its first peak and a step's own peak cannot be seen
+
+Each pipeline rank's weights + AdamW moments are checked against the plan's weights + Adam for its
+stage: "pp_weights_and_optimizer_within_20pct_of_plan" in the JSON, per pp layout (every rank's
+ratio within 0.8-1.2).
 
 The plan does not predict time: the JSON's "table" gives each layout's step time (the slowest
 rank's median), its speed against the 1-process layout, and the CPU seconds of a step summed over
@@ -204,7 +209,7 @@ def _storage_bytes(tensors) -> int:
     """Bytes of the distinct storages under `tensors`."""
     seen: dict[int, int] = {}
     for t in tensors:
-        if t is not None:
+        if t is not None and not t.is_meta:  # (a pipeline rank's other stages: no data)
             storage = t.untyped_storage()
             seen[storage.data_ptr()] = storage.nbytes()
     return sum(seen.values())
@@ -328,6 +333,7 @@ def rank_report(rank: dict) -> dict:
                  **{f"{k}_mib": round(p[k] / MIB, 2) for k in ("weights", "gradients", "optimizer", "activations",
                                                               "activations_per_micro_batch", "total")}}
     ratio = {"weights_held": _ratio(m["weights_held"], p["weights"]),
+             "weights_and_optimizer": _ratio(m["weights_held"] + m["optimizer"], p["weights"] + p["optimizer"]),
              "weights_trained": _ratio(m["weights_trained"], p["weights"]),
              "gradients": _ratio(m["gradients"], p["gradients"]), "optimizer": _ratio(m["optimizer"], p["optimizer"]),
              "activations": _ratio(m["activations"], p["activations"]),
@@ -387,6 +393,11 @@ def summary_row(name: str, ranks: list[dict], one: list[dict] | None) -> dict:
             "plan_activations_mib_max": top("predicted", "activations_mib"),
             "weights_held_mib_max": top("measured", "weights_held_mib"),
             "plan_weights_mib_max": top("predicted", "weights_mib"),
+            "weights_and_optimizer_mib_max": max(r["measured"]["weights_held_mib"] + r["measured"]["optimizer_mib"]
+                                                 for r in ranks),
+            "plan_weights_and_optimizer_mib_max": max(r["predicted"]["weights_mib"] + r["predicted"]["optimizer_mib"]
+                                                      for r in ranks),
+            "weights_and_optimizer_ratios": [r["measured_over_predicted"]["weights_and_optimizer"] for r in ranks],
             "sent_mib_per_step_max": top("measured", "sent_mib_per_step"),
             "plan_sent_mib_per_step_max": top("predicted", "sent_mib_per_step")}
 
@@ -439,6 +450,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"round {r + 1}/{rounds} {name}: {time.perf_counter() - t:.0f} s, load {loadavg()}",
                       file=sys.stderr, flush=True)
     layouts = {name: [rank_report(rank) for rank in median_ranks(runs)] for name, runs in results.items()}
+    # each pipeline rank holds its stage: weights + Adam within 20 % of the plan's, on every rank
+    stage_memory = {name: all(0.8 <= r["measured_over_predicted"]["weights_and_optimizer"] <= 1.2 for r in ranks)
+                    for name, ranks in layouts.items() if LAYOUTS[name][1].get("pp", 1) > 1}
     report = {
         "benchmark": "parallel_layouts",
         "settings": {**{k: v for k, v in s.items() if k != "timeout"}, "rounds": rounds},
@@ -447,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         "layouts": {name: {"nproc": LAYOUTS[name][0], "parallel": LAYOUTS[name][1], "ranks": ranks}
                     for name, ranks in layouts.items()},
         "table": [summary_row(name, ranks, layouts.get("1proc")) for name, ranks in layouts.items()],
+        "pp_weights_and_optimizer_within_20pct_of_plan": stage_memory,
         "method": {
             "time": "median over the timed steps of the wall time from one step's end to the next's (Trainer.fit "
                     "on_step); a layout's time is its slowest rank's; idle_share = 1 - CPU time / wall time",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from attnlab.io.files import as_if_created
@@ -24,18 +24,43 @@ if TYPE_CHECKING:  # torch is imported where tensors are handled, so that `impor
 SAFETENSORS = "model.safetensors"
 
 
-def read_safetensors(path: str | os.PathLike) -> dict[str, Tensor]:
-    """Every tensor of a .safetensors file (on the CPU).
+def read_safetensors(path: str | os.PathLike, names: Iterable[str] | None = None) -> dict[str, Tensor]:
+    """Every tensor of a .safetensors file (on the CPU), or only those named in `names`: the
+    others are not read (a pipeline stage reads its own layers from a whole model's file).
 
     Raises:
-        ValueError: the file is truncated or not a safetensors file (the message names it).
+        ValueError: the file is truncated or not a safetensors file, or has no tensor of one of
+            `names` (the message names the file and the tensor).
     """
-    from safetensors import SafetensorError
+    from safetensors import SafetensorError, safe_open
     from safetensors.torch import load_file
 
+    missing: list[str] = []
     try:
-        return load_file(os.fspath(path), device="cpu")
+        if names is None:
+            return load_file(os.fspath(path), device="cpu")
+        with safe_open(os.fspath(path), framework="pt", device="cpu") as f:
+            present = set(f.keys())
+            missing = [n for n in names if n not in present]
+            if not missing:
+                return {n: f.get_tensor(n) for n in names}
     except (SafetensorError, OSError, RuntimeError, ValueError) as err:
+        raise ValueError(f"cannot read {path}: {err} (is the file truncated or not a safetensors file?)") from err
+    raise ValueError(f"{path} has no tensor {missing[0]}")
+
+
+def safetensors_names(path: str | os.PathLike) -> set[str]:
+    """The names of the tensors of a .safetensors file, from its header alone.
+
+    Raises:
+        ValueError: the file is truncated or not a safetensors file.
+    """
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(os.fspath(path), framework="pt", device="cpu") as f:
+            return set(f.keys())
+    except (SafetensorError, OSError, RuntimeError) as err:
         raise ValueError(f"cannot read {path}: {err} (is the file truncated or not a safetensors file?)") from err
 
 

@@ -9,7 +9,9 @@ process mesh; `plan_layout` predicts a layout's memory per rank, communication a
     model = wrap_model(model, ctx)                       # DDP over ctx.dp_group
 
 See attnlab/parallel/tensor.py for what tensor parallel supports, cost.py for the bytes each
-layer communicates, checkpoint.py for full checkpoints (gather on save, shard on load); mesh.py
+layer communicates, checkpoint.py for full checkpoints (gather on save, shard on load); materialise.py for a pipeline
+rank that makes its own stage alone (the model on the meta device), stage_checkpoint.py for the
+full-layout checkpoint a pipeline's stages stream to rank 0 and read back by name; mesh.py
 for the Trainer's hooks when `attnlab train` runs a `parallel: {tp, pp, dp}` layout, layout.py
 for what such a layout asks of the run's config (`check_layout`). The process
 context (`init_from_env`, `ParallelContext`) lives in attnlab/training/strategy/distributed.py beside the

@@ -18,9 +18,14 @@ Notation: tp, pp, dp the mesh sizes (attnlab.training.strategy.distributed: rank
                replicated tensor counted once (`clip_grad_norm`)
     evaluation forward only, through the stages (`Pipeline.forward_only`) and the vocabulary
                shards: val_loss, val_ppl, and val_mlm_accuracy for a masked LM
-    checkpoint gathered on save (tp shards, then the stages, onto rank 0, which writes the run
-               folder's checkpoint as a one-process run would); read whole by every rank on
-               resume and cut to its shard and stage: a run resumes on any layout
+    checkpoint the run folder's checkpoint as a one-process run writes it, by rank 0: on a
+               pipeline (tp = 1) the stages stream their tensors to it one at a time
+               (attnlab.parallel.stage_checkpoint); with tp > 1 the shards, then the stages, are
+               gathered on it first; on resume each rank reads its stage's tensors alone and
+               cuts them to its shard: a run resumes on any layout
+    memory     pp > 1: the model comes built on the meta device (`pretrain_setup`); each rank
+               checks its stage fits, then makes that stage alone, on its device, initialised
+               as the whole model would be or read from init_from (attnlab.parallel.materialise)
 
 The loss and every gradient are those of one process with k dp micro-batches (up to float
 rounding), so a run's losses match a one-process run of the same config. Not computed under
@@ -43,10 +48,13 @@ from attnlab.evaluation import perplexity
 from attnlab.parallel.checkpoint import gather_full_state, gather_optimizer_state
 from attnlab.parallel.comm import all_reduce_sum, gather_from_parallel
 from attnlab.parallel.layout import check_layout
+from attnlab.parallel.materialise import has_meta, materialise_rank_stage, release_other_stages
 from attnlab.parallel.pipeline import Pipeline, is_backend_error
+from attnlab.parallel.stage_checkpoint import (StageShare, full_param_groups, optimizer_order, read_checkpoint_part,
+                                               write_pipeline_files)
 from attnlab.parallel.stages import join_batches, stage_inputs
 from attnlab.parallel.tensor import local_part, tensor_parallel, vocab_parallel_cross_entropy
-from attnlab.io.checkpoints import load_checkpoint
+from attnlab.io.checkpoints import read_state, rng_state, save_checkpoint, set_rng_state
 from attnlab.models.families import family
 from attnlab.training.config import TrainConfig
 from attnlab.training.strategy.distributed import CollectiveError, ParallelContext
@@ -102,7 +110,10 @@ class MeshTraining:
     """One rank's part of a tensor- and/or pipeline-parallel run (see the module docstring).
 
     Args:
-        model: the full model, built alike on every rank (same seed), on its device.
+        model: the full model, built alike on every rank (same seed), on its device; or (pp > 1)
+            on the meta device with a `stage_source` (`pretrain_setup` builds it so), this rank's
+            stage then made alone on its device (`materialise_rank_stage`, after checking that
+            the stage fits in memory).
         ctx: this rank's place (`init_from_env(tp, pp=pp, dp=dp)`).
         config: the run; its `parallel` section gives the layout.
         task: the pretraining task (its `pipeline` gives the evaluation batches).
@@ -122,6 +133,8 @@ class MeshTraining:
             raise ValueError(f"parallel.tp / parallel.pp train the pretraining objectives of attnlab train; a "
                              f"{type(task).__name__} trains with data parallel alone")
         self.ctx, self.config = ctx, config
+        if has_meta(model):  # pp > 1: built on the meta device; this rank makes its own stage alone
+            materialise_rank_stage(model, ctx, config)
         self.tp_group = ctx.tp_group if ctx.tp_size > 1 else None
         if self.tp_group is not None:
             tensor_parallel(model, self.tp_group, gather_output=False)
@@ -132,6 +145,8 @@ class MeshTraining:
             self.pipe = Pipeline(model, ctx.pp_group, micro_batches=par.micro_batches, schedule=par.schedule,
                                  label_smoothing=config.optim.label_smoothing, dp_group=ctx.dp_group)
         self.module: nn.Module = self.pipe.stage if self.pipe is not None else model  # what this rank trains
+        if self.pipe is not None:  # a model given whole (init_from read whole, a caller's): the rest let go
+            release_other_stages(model, self.module)
 
     # ---------------------------------------------------------------- training
     def param_groups(self, weight_decay: float) -> list[dict]:
@@ -253,6 +268,36 @@ class MeshTraining:
             group["lr"] = lr * group.get("lr_scale", 1.0)
         return full, full_opt
 
+    def save(self, folder, *, optimizer: torch.optim.Optimizer, data_generator: torch.Generator,
+             **checkpoint: Any) -> Any:
+        """`attnlab.io.checkpoints.save_checkpoint(folder, ...)` of the whole model and optimizer,
+        as a one-process run writes it; every rank calls, rank 0 writes and returns the checkpoint's
+        folder (None elsewhere). On a pipeline (tp = 1) the stages send their tensors one at a time
+        to rank 0, which streams them into the files (`attnlab.parallel.stage_checkpoint`): no rank
+        holds more than its stage and one other tensor. Otherwise the parts are gathered on rank 0
+        first (`gather`). `checkpoint`: save_checkpoint's other arguments (step, schedule_state,
+        extra, metric, keep_last)."""
+        if self.pipe is None or self.tp_group is not None:
+            model, full_opt = self.gather(optimizer)
+            if not self.ctx.is_main:
+                return None
+            return save_checkpoint(folder, model=model, optimizer=full_opt, data_generator=data_generator, **checkpoint)
+        if self.ctx.dp_rank != 0:
+            return None  # the first pipeline's stages write; the others hold the same
+        index, num_stages = self.pipe.index, self.pipe.num_stages
+        with self.guard("writing the checkpoint"):
+            share = StageShare(self.model, index, num_stages, optimizer, self.config.optim.weight_decay)
+            if index != 0:
+                write_pipeline_files(None, share, self.pipe.group, index, num_stages)
+                return None
+            groups = full_param_groups(self.model, optimizer, self.config.optim)
+
+            def files(tmp):
+                return write_pipeline_files(tmp, share, self.pipe.group, index, num_stages, param_groups=groups,
+                                            rng=rng_state(data_generator), device=self.pipe.device)
+
+            return save_checkpoint(folder, files=files, data_generator=data_generator, **checkpoint)
+
     def _gather_to_rank0(self, optimizer) -> tuple[dict[str, Tensor], dict[str, Tensor]] | None:
         """(weights, flat optimizer state) in the full layout on rank 0: the tp shards of each stage
         gathered on its tp rank 0, then the stages' parts on rank 0 (the first data-parallel
@@ -284,26 +329,33 @@ class MeshTraining:
 
     def load_checkpoint(self, path, *, model: nn.Module, optimizer: torch.optim.Optimizer,
                         data_generator: torch.Generator) -> dict[str, Any]:
-        """`attnlab.io.checkpoints.training_state.load_checkpoint` for this rank: the checkpoint read whole
-        (written by any layout), then this rank's shard of each weight and optimizer moment kept.
-        `model` is this rank's (sharded) model, `optimizer` over `self.module`. Returns state.json."""
-        full, full_opt = self._full_twins()
-        state = load_checkpoint(path, model=full, optimizer=full_opt, data_generator=data_generator)
+        """`attnlab.io.checkpoints.training_state.load_checkpoint` for this rank: from a checkpoint
+        in the full layout (written by any layout) only this rank's stage's tensors are read
+        (weights and optimizer moments, by name), then cut to its tensor-parallel shard. `model`
+        is this rank's (sharded) model, `optimizer` over `self.module`. Returns state.json.
+
+        Raises:
+            CheckpointError: corrupted files, or a tensor of this stage missing from them.
+        """
+        state = read_state(path)  # the files' sha256 checked first
+        order = optimizer_order(self.model, self.config.optim.weight_decay)  # the whole model's optimizer's
+        weights, moments, rng = read_checkpoint_part(path, self.model, self.module, order,
+                                                     state["optimizer"]["state"])
         tp, r = self.ctx.tp_size, self.ctx.tp_rank
-        whole = dict(full.named_parameters(remove_duplicate=False))
         with torch.no_grad():
-            for name, p in model.named_parameters():
-                p.copy_(local_part(whole[name], p, tp, r) if getattr(p, "tp_dim", None) is not None else whole[name])
-            buffers = dict(full.named_buffers())
-            for name, b in model.named_buffers():
-                if name in buffers and buffers[name].shape == b.shape:  # (ALiBi's sliced slopes are rebuilt, not read)
-                    b.copy_(buffers[name])
-        names = {id(p): name for name, p in self.module.named_parameters()}
+            for name, p in self.module.named_parameters():
+                whole = weights[name]
+                p.copy_(local_part(whole, p, tp, r) if getattr(p, "tp_dim", None) is not None else whole)
+            for name, b in self.module.named_buffers():
+                if name in weights and weights[name].shape == b.shape:  # (ALiBi's sliced slopes are rebuilt, not read)
+                    b.copy_(weights[name])
+        mine = {id(p): name for name, p in self.module.named_parameters()}
         optimizer.state.clear()
         for group in optimizer.param_groups:
             for p in group["params"]:
-                entries = full_opt.state.get(whole[names[id(p)]], {})
+                entries = moments.get(mine[id(p)], {})
                 optimizer.state[p] = {key: self._local(value, p) for key, value in entries.items()}
+        set_rng_state(rng, data_generator)
         return state
 
     def _local(self, value: Any, p: nn.Parameter) -> Any:

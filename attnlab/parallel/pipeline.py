@@ -27,8 +27,10 @@ On a tp x pp x dp mesh (`init_from_env(tp, pp=pp)`, `attnlab.training.strategy.d
     pipe = Pipeline(model, ctx.pp_group, micro_batches=8, dp_group=ctx.dp_group)
     loss = pipe.step(*shard_batch((ids, labels), ctx))              # this pipeline's rows
 
-Every rank builds the same full model and keeps the modules of its stage (`StageModule`, views
-sharing the model's modules, its state-dict names the full model's). The stages send the hidden
+Every rank has the same full model and keeps the modules of its stage (`StageModule`, views
+sharing the model's modules, its state-dict names the full model's); `attnlab train` builds that
+model on the meta device and each rank makes its own stage's tensors alone
+(attnlab.parallel.materialise), so a rank holds its stage, not the model. The stages send the hidden
 states forward and their gradients backward, one (b, T, D) tensor per micro-batch each way (an
 encoder-decoder's stages after the encoder: the memory too). The masks (padding, prefix lengths,
 document ids) and an encoder-decoder's target ids are keyword arguments that torch's schedules
@@ -146,7 +148,7 @@ class Pipeline:
         self._tp_group = model.tp_group if getattr(model, "tp_size", 1) > 1 else None
         self._loss_fn = loss_fn or self._token_loss
         self._targets = 1
-        self.device = next(model.parameters()).device
+        self.device = next(self.stage.parameters()).device  # (the other stages' may be on the meta device)
         self.schedule_name = schedule
         self._widths: tuple[int, int] | None = None  # (ids, targets) widths the stages send: set by the first step
         self._schedule, self._step_options = self._build_schedule() if self.num_stages > 1 else (None, {})

@@ -180,14 +180,13 @@ class Trainer:
 
     # ---------------------------------------------------------------- checkpoints
     def save(self, metric: float | None = None) -> Path:
-        """A checkpoint of this step (the whole model, gathered; rank 0 writes, the others wait)."""
+        """A checkpoint of this step (the whole model: a split one sent to rank 0, which writes; the others wait)."""
         extra = {"best": self.best, "bad_evals": self.bad_evals, "task": self.task.state_dict()}
         if self.scaler.is_enabled():
             extra["grad_scaler"] = self.scaler.state_dict()  # fp16: the loss scale, its growth count (numbers)
-        model, optimizer = self.strategy.gather(self.optimizer)
-        path = self.folder.save(step=self.step, model=model, optimizer=optimizer,
-                                schedule_state=self.schedule.state_dict(), data_generator=self.data_generator,
-                                extra=extra, metric=metric, keep_last=self.config.train.keep_last)
+        path = self.strategy.save(self.folder, optimizer=self.optimizer, step=self.step,
+                                  schedule_state=self.schedule.state_dict(), data_generator=self.data_generator,
+                                  extra=extra, metric=metric, keep_last=self.config.train.keep_last)
         self.parallel.barrier()
         return path
 

@@ -30,6 +30,18 @@ def _fit(config: dict, resume_from: str | None = None) -> None:
     if resume_from is not None and not trainer.resume(resume_from):
         raise AssertionError(f"nothing to resume at {resume_from}")
     trainer.fit()
+    return trainer
+
+
+def held(trainer) -> dict[str, int]:
+    """What this rank's model holds: elements of its parameters with data (each tied one once),
+    of its optimizer's moments, of the whole model, and of its meta-device parameters; its config."""
+    unique = {id(p): p for p in trainer.model.parameters()}.values()
+    moments = sum(v.numel() for state in trainer.optimizer.state.values() for v in state.values()
+                  if hasattr(v, "numel") and v.dim())
+    return {"params": sum(p.numel() for p in unique if not p.is_meta), "moments": moments,
+            "whole": sum(p.numel() for p in unique), "meta": sum(p.numel() for p in unique if p.is_meta),
+            "model": trainer.model.config.to_dict()}
 
 
 def fit_on_rank(ctx, *configs: dict) -> None:
@@ -40,16 +52,20 @@ def fit_on_rank(ctx, *configs: dict) -> None:
 
 def mesh_suite(ctx, base: dict, folder: str, reference_checkpoint: str) -> dict[str, str]:
     """Train `base` on each layout of LAYOUTS (to OUT = folder/NAME), and resume the one-process
-    run's `reference_checkpoint` on tp 2 (to folder/tp2-resumed). Returns {run: "ok" or traceback}."""
+    run's `reference_checkpoint` on tp 2 and pp 2 (to folder/tp2-resumed, pp2-resumed). Returns
+    {run: "ok" or traceback, "pp2-held": what the pp 2 rank's model and optimizer hold (`held`)}."""
     results: dict[str, str] = {}
     runs = [(name, layout_config(base, os.path.join(folder, name), parallel), None)
             for name, parallel in LAYOUTS.items()]
-    runs.append(("tp2-resumed", layout_config(base, os.path.join(folder, "tp2-resumed"), LAYOUTS["tp2"]),
-                 reference_checkpoint))
+    for name in ("tp2", "pp2"):
+        runs.append((f"{name}-resumed", layout_config(base, os.path.join(folder, f"{name}-resumed"), LAYOUTS[name]),
+                     reference_checkpoint))
     for name, config, resume_from in runs:
         try:
-            _fit(config, resume_from)
+            trainer = _fit(config, resume_from)
             results[name] = "ok"
+            if name == "pp2":
+                results["pp2-held"] = held(trainer)
         except Exception:  # noqa: BLE001 -- reported to the test, which fails on it
             results[name] = traceback.format_exc()
     return results

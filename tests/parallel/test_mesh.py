@@ -142,6 +142,41 @@ def test_one_process_checkpoint_resumes_on_tp_2_and_continues_equal(runs):
     _assert_same_run(folder / "tp2-resumed", folder / "one")
 
 
+def test_one_process_checkpoint_resumes_on_pp_2_and_continues_equal(runs):
+    """Each stage reads its own tensors of the one-process checkpoint (weights, Adam moments)."""
+    folder, _, results = runs
+    assert all(report["pp2-resumed"] == "ok" for report in results), results
+    _assert_same_run(folder / "pp2-resumed", folder / "one")
+
+
+def test_a_pipeline_rank_holds_its_stage_alone(runs):
+    """On pp 2 each rank's model holds the parameters of its stage (the plan's count) and the
+    optimizer their two moments; the other stage's parameters hold no data (the meta device)."""
+    from attnlab import ModelConfig
+    from attnlab.parallel import plan_layout
+
+    _, _, results = runs
+    plan = plan_layout(ModelConfig.from_dict(results[0]["pp2-held"]["model"]), nproc=2, pp=2)
+    for rank, report in enumerate(results):
+        held = report["pp2-held"]
+        assert held["params"] == plan["stages"][rank]["params_per_rank"] < plan["params_total"], (rank, held)
+        assert held["moments"] == 2 * held["params"]
+        assert held["params"] + held["meta"] == held["whole"] == plan["params_total"]
+
+
+def test_a_pipeline_checkpoint_has_the_files_of_a_one_process_checkpoint(runs):
+    """The stages stream their tensors to rank 0: the same names, shapes and dtypes in both files,
+    the same optimizer groups and hyper-parameters in state.json as a one-process run writes."""
+    folder, _, _ = runs
+    got, want = (folder / name / "checkpoints" / checkpoint_name(STEPS) for name in ("pp2", "one"))
+    for file in ("model.safetensors", "optimizer.safetensors"):
+        a, b = load_file(str(got / file)), load_file(str(want / file))
+        assert {k: (v.shape, v.dtype) for k, v in a.items()} == {k: (v.shape, v.dtype) for k, v in b.items()}, file
+    a, b = (json.loads((path / "state.json").read_text()) for path in (got, want))
+    assert a["optimizer"] == b["optimizer"]
+    assert a["step"] == b["step"] and a["schedule"] == b["schedule"]
+
+
 @pytest.mark.slow
 def test_a_rank_dying_mid_step_stops_the_other_in_time_and_leaves_whole_checkpoints(tmp_path):
     config = layout_config(_base(tmp_path / "data", checkpoint_every=1), str(tmp_path / "run"), LAYOUTS["pp2"])

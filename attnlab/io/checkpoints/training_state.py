@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from safetensors import SafetensorError
@@ -86,9 +86,10 @@ def set_rng_state(tensors: dict[str, torch.Tensor], data_generator: torch.Genera
         torch.cuda.set_rng_state_all([tensors[k] for k in cuda])
 
 
-def save_checkpoint(folder: str | os.PathLike, *, step: int, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer, schedule_state: dict, data_generator: torch.Generator,
-                    extra: dict[str, Any] | None = None, metric: float | None = None, keep_last: int = 2) -> Path:
+def save_checkpoint(folder: str | os.PathLike, *, step: int, model: torch.nn.Module | None = None,
+                    optimizer: torch.optim.Optimizer | None = None, schedule_state: dict,
+                    data_generator: torch.Generator, extra: dict[str, Any] | None = None, metric: float | None = None,
+                    keep_last: int = 2, files: Callable[[Path], dict] | None = None) -> Path:
     """Write checkpoint `step` under `folder` atomically, update index.json, prune old ones.
 
     Args:
@@ -101,6 +102,10 @@ def save_checkpoint(folder: str | os.PathLike, *, step: int, model: torch.nn.Mod
         extra: JSON-serialisable trainer state (best metric, patience, config, ...).
         metric: validation loss at this step (lower is better), to track the best checkpoint.
         keep_last: how many of the newest checkpoints to keep (the best is kept besides).
+        files: instead of `model` and `optimizer`, a function that writes model.safetensors and
+            optimizer.safetensors (RNG states included) into the folder it is given and returns the
+            optimizer's state for state.json (a pipeline streams its stages' tensors so:
+            attnlab.parallel.stage_checkpoint).
 
     Returns:
         the checkpoint's folder.
@@ -111,10 +116,13 @@ def save_checkpoint(folder: str | os.PathLike, *, step: int, model: torch.nn.Mod
         shutil.rmtree(stale, ignore_errors=True)
     name = checkpoint_name(step)
     with atomic_folder(folder / name) as tmp:  # renamed into place only when complete
-        write_safetensors(unique_state(model), tmp / "model.safetensors", metadata={"format": "pt"})
-        tensors, plain = _optimizer_tensors(optimizer)
-        tensors.update(rng_state(data_generator))
-        write_safetensors(tensors, tmp / "optimizer.safetensors")
+        if files is not None:
+            plain = files(tmp)
+        else:
+            write_safetensors(unique_state(model), tmp / "model.safetensors", metadata={"format": "pt"})
+            tensors, plain = _optimizer_tensors(optimizer)
+            tensors.update(rng_state(data_generator))
+            write_safetensors(tensors, tmp / "optimizer.safetensors")
         state = {"step": step, "schedule": schedule_state, "optimizer": plain, "metric": metric,
                  "extra": extra or {},
                  "sha256": {f: sha256_file(tmp / f) for f in ("model.safetensors", "optimizer.safetensors")}}

@@ -13,7 +13,8 @@ false skips it).
 
 This is the one cost model of training memory: `attnlab parallel plan` (attnlab.parallel.plan)
 reads its functions per pipeline stage and tensor-parallel rank; the Trainer reads them for the
-whole model on one process. What one process holds at the peak of a step:
+whole model on one process, and each pipeline rank for its own stage (`check_stage_memory`,
+before the stage's weights are made). What one process holds at the peak of a step:
 
     weights       4 p        p: the model's parameters, fp32 (autocast keeps them so)
     gradients     4 t        t: the parameters that train (LoRA: its adapters; frozen ones none)
@@ -271,8 +272,8 @@ def check_training_memory(model: nn.Module, config: Any, device: torch.device, *
     Args:
         model: the model to train, on the CPU or already on `device`.
         config: the run's TrainConfig: train.check_memory false skips the check; a parallel
-            layout that splits the model (parallel.tp or pp > 1) is `attnlab parallel plan`'s to
-            size, and skipped too. Under torchrun on a CPU, the LOCAL_WORLD_SIZE processes of
+            layout that splits the model (parallel.tp or pp > 1) is skipped here: under pp each
+            rank checks its own stage before making it (`check_stage_memory`). Under torchrun on a CPU, the LOCAL_WORLD_SIZE processes of
             this machine share its memory: each is counted.
         device: where it trains.
         precision: the run's resolved precision (attnlab.training.setup.precision.resolve_precision).
@@ -312,6 +313,35 @@ def check_training_memory(model: nn.Module, config: Any, device: torch.device, *
     raise _too_large(estimate, shape, room, available, resident, processes)
 
 
+def check_stage_memory(estimate: MemoryEstimate, device: torch.device, *, stage: str,
+                       available: Available | None = None) -> MemoryEstimate | None:
+    """Refuse a pipeline stage (parallel.pp > 1) whose step cannot fit in this rank's memory,
+    before its weights are made: `estimate` counts the stage's own parameters (not the whole
+    model's), their gradients and Adam states, and the activations the schedule keeps
+    (`attnlab parallel plan`'s figures). `stage` names it in the message ("stage 1 of 2").
+    Under torchrun on a CPU, the LOCAL_WORLD_SIZE processes of this machine share its memory.
+
+    Returns:
+        the estimate, or None where the memory is unknown.
+
+    Raises:
+        ConfigError: naming parallel.pp, the estimate and its parts, the memory available and
+            where that figure comes from, and the switch that skips the check.
+    """
+    available = available or available_memory(device)
+    if available is None:
+        return None
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if device.type == "cpu" else 1
+    room = available.bytes // max(processes, 1)
+    if estimate.total <= room:
+        return estimate
+    shared = f", shared by {processes} processes" if processes > 1 else ""
+    raise ConfigError("parallel.pp", f"{stage} needs about {size(estimate.total)} at the peak of a training step "
+                      f"({estimate.describe()}), but {size(available.bytes)} is available ({available.source}{shared}); "
+                      "use more stages or a smaller model or batch, or set train.check_memory to false to skip this "
+                      "estimate")
+
+
 def _too_large(estimate: MemoryEstimate, shape: BatchShape | None, room: int, available: Available, resident: int,
                processes: int) -> ConfigError:
     """The one-line refusal of `check_training_memory`: the batch field with the largest value
@@ -332,5 +362,5 @@ def _too_large(estimate: MemoryEstimate, shape: BatchShape | None, room: int, av
 
 
 __all__ = ["ACTIVATION_BYTES", "ADAM_BYTES", "AUTOGRAD_FACTOR", "BatchShape", "MemoryEstimate", "PARAM_BYTES",
-           "batch_shape", "check_training_memory", "estimate_training_memory", "layer_activations", "layer_keys",
+           "batch_shape", "check_stage_memory", "check_training_memory", "estimate_training_memory", "layer_activations", "layer_keys",
            "row_bytes", "size", "stage_activations"]

@@ -22,6 +22,13 @@ untied output head) by one row each, initialised to the mean of the existing row
 starts as the "average token", which keeps the first logits and losses close to the pretrained
 model's (Hewitt 2021, "Initializing new word embeddings for pretrained language models").
 
+Under pipeline parallel (parallel.pp > 1) the model is built on the meta device (names and
+shapes, no memory) with a `stage_source` (`StageSource`): the random state its initial weights are
+drawn from, or the model.safetensors of init_from (an attnlab.save folder or a run's checkpoint);
+each rank then materialises its own stage from it (attnlab.parallel.materialise), so that no rank
+holds the whole model. A Hugging Face folder or Hub model, or add_special_tokens that grows the
+vocabulary, is read whole first (its names must be converted) and cut later.
+
 With a `lora` section the Trainer wraps the model with adapters after this (attnlab.training.setup.adapters);
 here its target_modules are checked against the model before any data is prepared (a pattern that
 matches nothing is a ConfigError naming it), and a run with `lora` but no init_from is warned
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -58,6 +66,17 @@ def pretrain_setup(config: TrainConfig, out: Path, *, pipeline: DataPipeline | N
     """
     tokenizer = None
     init_from = config.model.init_from
+    pipelined = config.parallel.pp > 1
+    if model is None and init_from and pipelined:  # only the stage's tensors are read, by each rank
+        folder = _init_folder(init_from)
+        weights = _weights_file(folder) if not config.model.add_special_tokens else None
+        if weights is not None:
+            tokenizer = load_tokenizer(init_from, folder)
+            with torch.device("meta"):
+                model = _build(read_init_config(init_from))
+            model.stage_source = StageSource(weights=weights)
+            log(f"model.init_from: {init_from} ({model.config.arch}, vocabulary {model.config.vocab_size}; each "
+                "pipeline stage reads its own tensors)")
     if model is None and init_from:
         folder = _init_folder(init_from)
         model, tokenizer = load_init(init_from, folder=folder)
@@ -69,9 +88,14 @@ def pretrain_setup(config: TrainConfig, out: Path, *, pipeline: DataPipeline | N
     if pipeline is None:
         pipeline = DataPipeline.build(config.data, out, show_progress=show_progress, tokenizer=tokenizer, check=False)
     if model is None:
-        from attnlab.models import build_model
-
-        model = build_model(config.model_config(**pipeline.model_overrides(config.model.arch)))  # validated once
+        model_cfg = config.model_config(**pipeline.model_overrides(config.model.arch))  # validated once
+        if pipelined:  # each rank draws its stage's initial weights from this state (attnlab.parallel.materialise)
+            rng_state = torch.get_rng_state()
+            with torch.device("meta"):
+                model = _build(model_cfg)
+            model.stage_source = StageSource(rng_state=rng_state)
+        else:
+            model = _build(model_cfg)
         if config.lora is not None:
             warnings.warn("lora without model.init_from: the adapters train over randomly initialised base "
                           "weights, which stay frozen; set model.init_from to a pretrained model", UserWarning,
@@ -81,6 +105,45 @@ def pretrain_setup(config: TrainConfig, out: Path, *, pipeline: DataPipeline | N
     if getattr(model.config, "memory_len", 0):  # Transformer-XL: consecutive segments, the memory carried
         return _recurrence_task(config, pipeline), model
     return PretrainTask(pipeline, eval_batches=config.train.eval_batches, bleu_samples=config.train.bleu_samples), model
+
+
+@dataclass(frozen=True)
+class StageSource:
+    """Where the stage of a model built on the meta device (parallel.pp > 1) takes its weights
+    from: drawn from `rng_state`, torch's CPU generator state a whole `build_model` would start
+    from (the stage's weights then equal the whole model's), or read from `weights`, a
+    model.safetensors holding the whole model under its attnlab names."""
+
+    rng_state: torch.Tensor | None = None
+    weights: Path | None = None
+
+    def __post_init__(self) -> None:
+        if (self.rng_state is None) == (self.weights is None):
+            raise ValueError("StageSource needs exactly one of rng_state and weights")
+
+
+def _build(config: ModelConfig) -> nn.Module:
+    from attnlab.models import build_model
+
+    return build_model(config)
+
+
+def _weights_file(folder: Path) -> Path | None:
+    """The model.safetensors that holds a model.init_from folder's weights under attnlab's names:
+    an attnlab.save folder's, or the best checkpoint's of an `attnlab train` run without LoRA
+    (its files' sha256 checked); None for other folders (Hugging Face names are converted on a
+    whole load)."""
+    from attnlab.io.checkpoints import read_state, resolve_checkpoint
+
+    data = read_json(folder / "config.json")
+    if "arch" in data:
+        return folder / "model.safetensors" if (folder / "model.safetensors").is_file() else None
+    run = data.get("config") if isinstance(data.get("config"), dict) else {}
+    if isinstance(data.get("model"), dict) and (folder / "checkpoints").is_dir() and not run.get("lora"):
+        checkpoint = resolve_checkpoint(folder, "best")
+        read_state(checkpoint)
+        return checkpoint / "model.safetensors"
+    return None
 
 
 def _check_lora_early(config: TrainConfig, model: nn.Module | None) -> None:
@@ -127,18 +190,26 @@ def load_init(path: str | os.PathLike, *, folder: Path | None = None) -> tuple[n
         HubError: a Hub model that cannot be had (`attnlab.interop.hub.hub_folder`).
     """
     from attnlab.interop.serialization import load
-    from attnlab.tokenizers import Tokenizer
 
     folder = folder or _init_folder(path)
     model = load(folder)
+    return model.float().train(), load_tokenizer(path, folder)
+
+
+def load_tokenizer(path: str | os.PathLike, folder: Path) -> Any:
+    """The tokenizer of model.init_from `path`, found in `folder`: tokenizer.json, vocab.json +
+    merges.txt, or vocab.txt.
+
+    Raises:
+        FileNotFoundError: none of them.
+    """
+    from attnlab.tokenizers import Tokenizer
+
     for candidate in ("tokenizer.json", "vocab.json", "vocab.txt"):
         if (folder / candidate).is_file():
-            tokenizer = Tokenizer.load(folder if candidate == "vocab.json" else folder / candidate)
-            break
-    else:
-        raise FileNotFoundError(f"model.init_from={str(path)!r} has no tokenizer (tokenizer.json, vocab.json + "
-                                "merges.txt, or vocab.txt)")
-    return model.float().train(), tokenizer
+            return Tokenizer.load(folder if candidate == "vocab.json" else folder / candidate)
+    raise FileNotFoundError(f"model.init_from={str(path)!r} has no tokenizer (tokenizer.json, vocab.json + "
+                            "merges.txt, or vocab.txt)")
 
 
 def _init_folder(path: str | os.PathLike, *, config_only: bool = False) -> Path:

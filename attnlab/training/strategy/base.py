@@ -4,7 +4,7 @@ on where the model lives. The loop reads the same whatever the strategy:
     batches -> strategy.backward(...)      forward and backward of the step's micro-batches
             -> strategy.clip(max_norm)     the gradient norm over everything this run trains
             -> strategy.optimizer_step()   the update (fp16: through the loss scaler)
-    evaluation: strategy.evaluate(task)    checkpoints: strategy.gather / strategy.load
+    evaluation: strategy.evaluate(task)    checkpoints: strategy.save / strategy.load
 
     SingleProcess   one process: the model on its device, the task's loss as it is
     DataParallel    torchrun with dp > 1 replicas: the loss inside DDP (gradients averaged over the
@@ -20,6 +20,7 @@ DDP's mean over dp ranks is undone by a factor dp.
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
@@ -156,9 +157,10 @@ class SingleProcess:
         with self.evaluating(), eager(), autocast():
             return text_samples(task, self.model, self.device)
 
-    def gather(self, optimizer: torch.optim.Optimizer) -> tuple[nn.Module | None, torch.optim.Optimizer | None]:
-        """The whole model and optimizer a checkpoint holds (on the rank that writes it)."""
-        return self.model, optimizer
+    def save(self, folder: Any, *, optimizer: torch.optim.Optimizer, **state: Any) -> Path:
+        """Write checkpoint `state["step"]` into the run folder (a RunFolder: rank 0 writes, the
+        others return its checkpoints folder); `state` is RunFolder.save's (schedule, generator, ...)."""
+        return folder.save(model=self.model, optimizer=optimizer, **state)
 
     def load(self, path: Any, *, optimizer: torch.optim.Optimizer, data_generator: torch.Generator) -> dict:
         """Read a checkpoint into this rank's model and optimizer; returns its state.json."""

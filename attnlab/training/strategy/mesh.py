@@ -1,19 +1,21 @@
 """The strategy of a model split over processes (`parallel.tp` or `parallel.pp` above 1).
 
 What the split itself does — cut the layers into stages, shard the heads and the vocabulary,
-gather the checkpoint — is attnlab.parallel.mesh.MeshTraining, a package above this one: the
+write the checkpoint — is attnlab.parallel.mesh.MeshTraining, a package above this one: the
 command line passes it in (`Trainer(config, mesh=MeshTraining)`) and this strategy calls it.
 
     tp only    the Trainer's micro-batch loop (DataParallel.backward) over the vocabulary-parallel loss
     pp > 1     the step's batches through the pipeline's schedule (GPipe / 1F1B), gradients summed
                over dp by the pipeline itself
-    clipping, evaluation, gathering and loading: the hooks' own, over every shard and stage
+    clipping, evaluation, saving and loading: the hooks' own, over every shard and stage;
+               under pp the model is built on the meta device and the hooks make this rank's stage alone
 """
 
 from __future__ import annotations
 
 import math
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -35,7 +37,8 @@ class MeshStrategy(DataParallel):
         self.hooks: Any = None  # the hooks made for this rank's model (`place`)
 
     def place(self, model: nn.Module, config: Any, task: Task) -> nn.Module:
-        self.model = model.to(self.device)
+        # pp: a model built on the meta device stays there; the hooks make this rank's stage on its device
+        self.model = model if any(p.is_meta for p in model.parameters()) else model.to(self.device)
         self.hooks = self.factory(self.model, self.ctx, config, task)
         return self.model
 
@@ -78,8 +81,9 @@ class MeshStrategy(DataParallel):
     def samples(self, task: Task, autocast: Callable[[], Any], eager: Callable[[], Any]) -> None:
         return None  # a split model does not decode
 
-    def gather(self, optimizer: torch.optim.Optimizer) -> tuple[nn.Module | None, torch.optim.Optimizer | None]:
-        return self.hooks.gather(optimizer)  # every rank takes part; rank 0 receives the whole
+    def save(self, folder: Any, *, optimizer: torch.optim.Optimizer, **state: Any) -> Path:
+        # every rank sends its part (tp shards gathered, pp stages streamed); rank 0 writes the whole layout
+        return self.hooks.save(folder.checkpoints, optimizer=optimizer, **state) or folder.checkpoints
 
     def load(self, path: Any, *, optimizer: torch.optim.Optimizer, data_generator: torch.Generator) -> dict:
         return self.hooks.load_checkpoint(path, model=self.model, optimizer=optimizer, data_generator=data_generator)
