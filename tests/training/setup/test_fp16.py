@@ -7,7 +7,6 @@ weights or the optimizer, and that the scaler's state makes a resume exact.
 """
 
 import json
-import warnings
 
 import pytest
 import torch
@@ -16,6 +15,7 @@ from attnlab.training import TrainConfig, Trainer
 from attnlab.training.setup import precision
 from attnlab.io.checkpoints import read_state, resolve_checkpoint
 from attnlab.training.setup.precision import native_fp16, resolve_precision
+from tests.training.setup.conftest import no_warnings
 from tests.training.helpers import tiny_config
 
 CPU = torch.device("cpu")
@@ -139,8 +139,7 @@ def test_fp16_is_asked_for_by_name_and_warns_where_emulated(monkeypatch):
     with pytest.warns(UserWarning, match=r"fp16 on a cpu without native fp16.*35x slower.*V100, T4"):
         assert resolve_precision("fp16", CPU) == "fp16"
     monkeypatch.setattr(precision, "native_fp16", lambda device: True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with no_warnings():
         assert resolve_precision("fp16", CPU) == "fp16"
 
 
@@ -155,10 +154,8 @@ def test_a_cpu_is_native_by_its_fp16_instructions(monkeypatch, features, expecte
 
 
 @pytest.mark.parametrize("capability, expected", [((6, 1), False), ((7, 0), True), ((7, 5), True), ((9, 0), True)])
-def test_a_gpu_is_native_with_tensor_cores(monkeypatch, capability, expected):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+def test_a_gpu_is_native_with_tensor_cores(cuda_capability, capability, expected):
+    cuda_capability(capability)
     assert native_fp16(torch.device("cuda")) is expected
 
 

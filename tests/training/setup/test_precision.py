@@ -20,6 +20,7 @@ from attnlab.training.config import RunConfig
 from attnlab.training.setup.precision import PRECISIONS, native_bf16, resolve_precision
 from attnlab.training.tasks.batch_loss import autocast
 from tests.finetune.helpers import char_tokenizer, tiny
+from tests.training.setup.conftest import no_warnings
 from tests.training.helpers import tiny_config
 
 CPU = torch.device("cpu")
@@ -33,14 +34,6 @@ def native(request, monkeypatch):
     """A machine without, then with, native bf16: the one capability probe, replaced."""
     monkeypatch.setattr(precision, "native_bf16", lambda device: request.param)
     return request.param
-
-
-@pytest.fixture
-def cpu_features(monkeypatch):
-    """Stand in for torch's CPU feature table (the probe is cached: cleared around the test)."""
-    precision._cpu_native_bf16.cache_clear()
-    yield lambda features: monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: features)
-    precision._cpu_native_bf16.cache_clear()
 
 
 def _dtypes_seen(model: torch.nn.Module) -> list[torch.dtype]:
@@ -74,8 +67,7 @@ def test_auto_is_bf16_exactly_where_bf16_is_native(native):
 
 
 def test_fp32_stays_fp32_silently(native):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with no_warnings():
         assert resolve_precision("fp32", CPU) == "fp32"
 
 
@@ -84,8 +76,7 @@ def test_forced_bf16_is_kept_and_warns_only_where_emulated(monkeypatch):
     with pytest.warns(UserWarning, match=r"bf16 on a cpu without native bf16.*10x slower.*auto.*fp32"):
         assert resolve_precision("bf16", CPU) == "bf16"
     monkeypatch.setattr(precision, "native_bf16", lambda device: True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    with no_warnings():
         assert resolve_precision("bf16", CPU) == "bf16"
         assert resolve_precision("bf16", CPU, warn=False) == "bf16"
 
@@ -109,11 +100,9 @@ def test_a_cpu_is_native_by_its_bf16_instructions(cpu_features, features, expect
 
 
 @pytest.mark.parametrize("capability, expected", [((7, 5), False), ((8, 0), True), ((9, 0), True)])
-def test_a_gpu_is_native_from_ampere_on(monkeypatch, capability, expected):
+def test_a_gpu_is_native_from_ampere_on(cuda_capability, capability, expected):
     # a T4 (7.5) makes bf16 tensors, emulated, without bf16 tensor cores; an A100 (8.0) and H100 (9.0) have them
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.version, "hip", None)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    cuda_capability(capability)
     assert native_bf16(torch.device("cuda")) is expected
 
 
