@@ -1,6 +1,7 @@
-"""The configured rotary settings reach every layer of a built model: each self-attention's output
-equals attention computed from its own weights with q and k rotated by the formula at the
-configured base and rotary_dim (features past rotary_dim untouched)."""
+"""The configured position settings reach every layer of a built model. Rotary: each
+self-attention's output equals attention computed from its own weights with q and k rotated by
+the formula at the configured base and rotary_dim (features past rotary_dim untouched). ALiBi:
+each layer gets the paper's bias for the model's head count."""
 
 import math
 
@@ -60,3 +61,27 @@ def test_configured_rotary_reaches_every_layer(arch, rotary_dim, base):
     for i, (attn, x, out) in seen.items():
         expected = reference_self_attention(attn, x, arch == "decoder", rotary_dim or 8, base)
         torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5, msg=f"layer {i}")
+
+
+@pytest.mark.parametrize("num_heads", [4, 6])
+def test_alibi_bias_of_a_built_model_reaches_every_layer(num_heads):
+    # ALiBi's bias is built once per stack and handed to each layer: every self-attention gets
+    # -slope_h |i - j| with the paper's slopes for H heads (6 is not a power of two)
+    m = 2 ** math.floor(math.log2(num_heads))
+    slopes = [2 ** (-8 * (h + 1) / m) for h in range(m)] + [2 ** (-8 * (2 * j + 1) / (2 * m))
+                                                            for j in range(num_heads - m)]
+    cfg = ModelConfig(arch="decoder", vocab_size=40, d_model=48, num_layers=2, num_heads=num_heads, d_ff=64,
+                      dropout=0.0, position={"scheme": "alibi"})
+    model = build_model(cfg).eval()
+    seen = []
+    for layer in model.layers:
+        layer.self_attn.register_forward_pre_hook(lambda mod, args, kwargs: seen.append(kwargs["bias"]),
+                                                  with_kwargs=True)
+    T = 7
+    with torch.no_grad():
+        model(torch.randint(1, 40, (2, T)))
+    distance = (torch.arange(T)[None, :] - torch.arange(T)[:, None]).abs().double()  # (Tq, Tk)
+    expected = -torch.tensor(slopes, dtype=torch.float64)[:, None, None] * distance  # (H, Tq, Tk)
+    assert len(seen) == 2
+    for bias in seen:
+        torch.testing.assert_close(bias.double().expand(2, -1, -1, -1), expected.expand(2, -1, -1, -1))
