@@ -1,5 +1,5 @@
 """Beam search's stopping rule against references, on a toy model whose next-token log-probs are a
-random table of (step, last token): thousands of searches in a second.
+random table of (step, last token): over a thousand searches in a few seconds.
 
 - With length_penalty = 0 a running beam's score can only fall (log-probs are <= 0), so the
   early-stop bound is exact: stopping once the best live beam cannot beat the worst kept
