@@ -125,6 +125,11 @@ def head_importance(model: nn.Module, batches: Iterable[object], loss_fn: LossFn
 def attention_entropy(model: nn.Module, batches: Iterable[tuple], **kwargs) -> dict[str, Tensor]:
     """Mean entropy (nats) of each head's weights over the real queries of `model(*batch, **kwargs)`.
 
+    A self-attention query is real when its row has weight (all-masked rows are 0) and its own
+    position is a key some query attends to: a padded position is a masked key for every query,
+    so padded rows count for nothing and a padded batch scores as its rows alone. A
+    cross-attention's queries are all counted (its weights do not show the target's padding).
+
     Returns:
         {module name: (H,) entropies}; a uniform head over n keys scores log n.
     """
@@ -135,8 +140,12 @@ def attention_entropy(model: nn.Module, batches: Iterable[tuple], **kwargs) -> d
             with capture_attention(model) as rec:
                 model(*batch, **kwargs)
             for name in rec.names():
+                module = model.get_submodule(name)
+                self_attention = isinstance(module, MultiHeadAttention) and module.qkv_proj is not None
                 for w in rec.calls(name):  # (B, H, Tq, Tk)
                     real = w.sum(-1) > 0  # all-masked query rows are 0
+                    if self_attention and w.shape[-2] == w.shape[-1]:
+                        real = real & (w.sum((1, 2)) > 0)[:, None, :]  # (B, 1, T): keys no query may see
                     ent = -(w * w.clamp(min=1e-30).log()).sum(-1)  # (B, H, Tq)
                     sums[name] = sums.get(name, 0) + (ent * real).sum((0, 2))
                     counts[name] = counts.get(name, 0) + real.sum((0, 2))

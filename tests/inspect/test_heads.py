@@ -90,3 +90,45 @@ def test_pruning_curve_ends(tmp_path):
             assert math.isclose(curve[-1][1], float(lm_loss(model, batches[0])), rel_tol=1e-6)
     path = plot_pruning_curve({"importance": curve}, str(tmp_path / "curve.png"))
     assert open(path, "rb").read(4) == b"\x89PNG"
+
+
+def _entropy_of_rows_alone(model, rows: list[tuple]) -> dict[str, torch.Tensor]:
+    """Mean over every query of every row, each run alone (no padding): -sum_k w log w."""
+    from attnlab.inspect.attention_maps import capture_attention
+
+    sums, count = {}, {}
+    with torch.no_grad():
+        for row in rows:
+            with capture_attention(model) as rec:
+                model(*row)
+            for name in rec.names():
+                (w,) = rec.calls(name)  # (1, H, Tq, Tk)
+                sums[name] = sums.get(name, 0) - torch.special.xlogy(w, w).sum(-1).sum((0, 2))  # 0 log 0 = 0
+                count[name] = count.get(name, 0) + w.shape[2]
+    return {n: sums[n] / count[n] for n in sums}
+
+
+@pytest.mark.parametrize("arch, side", [("encoder", "right"), ("decoder", "right"), ("decoder", "left"),
+                                        ("encoder_decoder", "right")])
+def test_entropy_of_a_padded_batch_equals_its_rows_alone(arch, side):
+    torch.manual_seed(0)
+    model = tiny(arch)
+    lengths, T = [6, 3, 4], 6
+    x = ids(3, T)
+    mask = torch.zeros(3, T, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        if side == "right":
+            mask[b, :n] = 1
+        else:
+            mask[b, T - n:] = 1
+    real = [x[b][mask[b].bool()][None] for b in range(3)]
+    if arch == "encoder_decoder":  # padded sources; the targets (the cross-attention's queries) are whole
+        tgt = ids(3, 4)
+        padded = attention_entropy(model, [(x, tgt, mask)])
+        alone = _entropy_of_rows_alone(model, [(real[b], tgt[b:b + 1]) for b in range(3)])
+    else:
+        padded = attention_entropy(model, [(x, mask)])
+        alone = _entropy_of_rows_alone(model, [(r,) for r in real])
+    assert sorted(padded) == sorted(alone)
+    for name in alone:
+        torch.testing.assert_close(padded[name], alone[name], atol=1e-5, rtol=1e-5, msg=name)
