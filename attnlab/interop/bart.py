@@ -26,8 +26,7 @@ from typing import Any
 
 from attnlab.config import ModelConfig
 from attnlab.interop.common import (Conversion, Derived, Rule, copy_of, flat_config, hf_get, joined, rename, require,
-                                    reshaped)
-from attnlab.models.families import family
+                                    reshaped, matcher)
 
 FAMILY = "BART"
 MODEL_TYPE = "bart"
@@ -130,9 +129,7 @@ def config_from_hf(hf: dict[str, Any], architecture: str) -> ModelConfig:
     )
 
 
-def matches(cfg: ModelConfig) -> bool:
-    """Whether `cfg` looks like a BART (used to pick the family in `to_hf`)."""
-    return MODEL_TYPE in family(cfg).hf_model_types and cfg.position.scheme == "learned"
+matches = matcher(MODEL_TYPE, "learned")  # does a config convert to this family (`to_hf`)
 
 
 def config_to_hf(cfg: ModelConfig) -> tuple[dict[str, Any], str]:

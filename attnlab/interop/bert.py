@@ -24,8 +24,7 @@ from typing import Any
 
 from attnlab.config import ModelConfig
 from attnlab.interop.common import (Conversion, Derived, copy_of, flat_config, hf_get, joined, pick_label_count,
-                                    rename, require)
-from attnlab.models.families import family
+                                    rename, require, matcher)
 
 FAMILY = "BERT"
 MODEL_TYPE = "bert"
@@ -71,9 +70,7 @@ def config_from_hf(hf: dict[str, Any], architecture: str) -> ModelConfig:
     )
 
 
-def matches(cfg: ModelConfig) -> bool:
-    """Whether `cfg` looks like a BERT (used to pick the family in `to_hf`)."""
-    return MODEL_TYPE in family(cfg).hf_model_types
+matches = matcher(MODEL_TYPE)  # does a config convert to this family (`to_hf`)
 
 
 def config_to_hf(cfg: ModelConfig) -> tuple[dict[str, Any], str]:

@@ -232,3 +232,16 @@ def pick_label_count(hf: Mapping[str, Any]) -> int:
     if "id2label" in hf and hf["id2label"]:
         return len(hf["id2label"])
     return int(hf.get("num_labels", 2))
+
+
+def matcher(model_type: str, scheme: str | None = None) -> Callable[[Any], bool]:
+    """A converter's `matches(cfg)`, how `to_hf` picks the converter of an attnlab config: whether
+    the config's family converts to `model_type` (attnlab.models.families: `hf_model_types`) and,
+    where two converters share a family, whether its positions are `scheme` (BART learned, Marian
+    sinusoidal, T5 t5_bias)."""
+    from attnlab.models.families import family
+
+    def matches(cfg: Any) -> bool:
+        return model_type in family(cfg).hf_model_types and (scheme is None or cfg.position.scheme == scheme)
+
+    return matches

@@ -22,8 +22,7 @@ from typing import Any
 
 from attnlab.config import ModelConfig
 from attnlab.interop.common import (Conversion, Derived, copy_of, flat_config, hf_get, rename, require,
-                                    transposed)
-from attnlab.models.families import family
+                                    transposed, matcher)
 
 FAMILY = "GPT-2"
 MODEL_TYPE = "gpt2"
@@ -64,9 +63,7 @@ def config_from_hf(hf: dict[str, Any], architecture: str) -> ModelConfig:
     )
 
 
-def matches(cfg: ModelConfig) -> bool:
-    """Whether `cfg` looks like a GPT-2 (used to pick the family in `to_hf`)."""
-    return MODEL_TYPE in family(cfg).hf_model_types
+matches = matcher(MODEL_TYPE)  # does a config convert to this family (`to_hf`)
 
 
 def config_to_hf(cfg: ModelConfig) -> tuple[dict[str, Any], str]:

@@ -23,8 +23,7 @@ from torch import Tensor
 
 from attnlab.config import ModelConfig
 from attnlab.interop.bart import seq2seq_common, seq2seq_hf_fields, seq2seq_layer_rules, seq2seq_requirements
-from attnlab.interop.common import Conversion, Derived, copy_of, flat_config, hf_get, rename, require, reshaped
-from attnlab.models.families import family
+from attnlab.interop.common import Conversion, Derived, copy_of, flat_config, hf_get, rename, require, reshaped, matcher
 from attnlab.nn.positions import SinusoidalPositions
 
 FAMILY = "Marian"
@@ -55,9 +54,7 @@ def config_from_hf(hf: dict[str, Any], architecture: str) -> ModelConfig:
     )
 
 
-def matches(cfg: ModelConfig) -> bool:
-    """Whether `cfg` looks like a Marian model (used to pick the family in `to_hf`)."""
-    return MODEL_TYPE in family(cfg).hf_model_types and cfg.position.scheme == "sinusoidal"
+matches = matcher(MODEL_TYPE, "sinusoidal")  # does a config convert to this family (`to_hf`)
 
 
 def config_to_hf(cfg: ModelConfig) -> tuple[dict[str, Any], str]:

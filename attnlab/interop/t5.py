@@ -29,8 +29,7 @@ from __future__ import annotations
 from typing import Any
 
 from attnlab.config import ModelConfig
-from attnlab.interop.common import Conversion, Derived, copy_of, flat_config, hf_get, joined, rename, require
-from attnlab.models.families import family
+from attnlab.interop.common import Conversion, Derived, copy_of, flat_config, hf_get, joined, rename, require, matcher
 
 FAMILY = "T5"
 MODEL_TYPE = "t5"
@@ -72,9 +71,7 @@ def config_from_hf(hf: dict[str, Any], architecture: str) -> ModelConfig:
     )
 
 
-def matches(cfg: ModelConfig) -> bool:
-    """Whether `cfg` looks like a T5 (used to pick the family in `to_hf`)."""
-    return MODEL_TYPE in family(cfg).hf_model_types and cfg.position.scheme == "t5_bias"
+matches = matcher(MODEL_TYPE, "t5_bias")  # does a config convert to this family (`to_hf`)
 
 
 def config_to_hf(cfg: ModelConfig) -> tuple[dict[str, Any], str]:

@@ -19,6 +19,17 @@ def ids(B: int, T: int, low: int = 1) -> torch.Tensor:
     return torch.randint(low, V, (B, T))
 
 
+def left_padded(lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of the given lengths padded on the left with 0 (ids, mask with 1 = real token)."""
+    T = max(lengths)
+    x = torch.zeros(len(lengths), T, dtype=torch.long)
+    mask = torch.zeros(len(lengths), T, dtype=torch.long)
+    for b, n in enumerate(lengths):
+        x[b, T - n:] = ids(1, n)[0]
+        mask[b, T - n:] = 1
+    return x, mask
+
+
 def assert_cached_steps_equal_full(model, x, mask, steps: int = 6, rtol: float = 1e-5):
     """Greedy-extend (x, mask) by `steps` tokens through a KV cache: the prompt's logits and
     each step's last-position logits equal a full forward pass (atol 1e-5). Returns the cache

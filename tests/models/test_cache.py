@@ -5,25 +5,14 @@ import torch
 
 from attnlab.nn.kv_cache import KVCache
 
-from .helpers import SCHEMES, assert_cached_steps_equal_full, ids, tiny
-
-
-def _left_padded_batch():
-    lengths = [5, 3, 1]
-    T = max(lengths)
-    x = torch.zeros(len(lengths), T, dtype=torch.long)
-    mask = torch.zeros(len(lengths), T, dtype=torch.long)
-    for b, n in enumerate(lengths):
-        x[b, T - n:] = ids(1, n)[0]
-        mask[b, T - n:] = 1
-    return x, mask
+from .helpers import SCHEMES, assert_cached_steps_equal_full, ids, left_padded, tiny
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("variant", [{}, {"attention": {"num_kv_heads": 2}}])
 def test_decoder_cached_steps_equal_full_forward(scheme, variant):
     model = tiny("decoder", scheme, **variant)
-    x, mask = _left_padded_batch()
+    x, mask = left_padded([5, 3, 1])
     cache, x = assert_cached_steps_equal_full(model, x, mask, steps=6)
     assert cache.length == x.shape[1]
 

@@ -10,17 +10,7 @@ import torch
 from attnlab.nn.kv_cache import KVCache
 from attnlab.nn.masks import padding_mask
 
-from .helpers import SCHEMES, ids, tiny
-
-
-def _left_padded(lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    T = max(lengths)
-    x = torch.zeros(len(lengths), T, dtype=torch.long)
-    mask = torch.zeros(len(lengths), T, dtype=torch.long)
-    for b, n in enumerate(lengths):
-        x[b, T - n:] = ids(1, n)[0]
-        mask[b, T - n:] = 1
-    return x, mask
+from .helpers import SCHEMES, ids, left_padded, tiny
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -29,7 +19,7 @@ def _left_padded(lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
 def test_decoder_step_equals_full_forward(scheme, variant):
     torch.manual_seed(0)
     model = tiny("decoder", scheme, **variant)
-    x, mask = _left_padded([5, 3, 1])  # rows whose positions differ from their column
+    x, mask = left_padded([5, 3, 1])  # rows whose positions differ from their column
     steps = 6
     cache = KVCache(max_len=x.shape[1] + steps)
     with torch.no_grad():

@@ -73,12 +73,7 @@ def test_swiglu_feed_forward_equals_llama_mlp():
 
     hf = LlamaMLP(LlamaConfig(hidden_size=8, intermediate_size=16, num_attention_heads=2, num_key_value_heads=2,
                                 hidden_act="silu")).double()
-    ffn = FeedForward(8, 16, "swiglu", bias=False).double()
-    with torch.no_grad():
-        ffn.w13.weight.copy_(torch.cat([hf.gate_proj.weight, hf.up_proj.weight]))
-        ffn.w2.weight.copy_(hf.down_proj.weight)
-    x = torch.randn(2, 5, 8, dtype=torch.float64)
-    torch.testing.assert_close(ffn(x), hf(x))
+    _assert_gated_equals("swiglu", hf, hf.gate_proj.weight, hf.up_proj.weight, hf.down_proj.weight)
 
 
 def test_geglu_tanh_feed_forward_equals_t5_gated_gelu():
@@ -87,12 +82,7 @@ def test_geglu_tanh_feed_forward_equals_t5_gated_gelu():
 
     hf = T5DenseGatedActDense(T5Config(d_model=8, d_ff=16, dropout_rate=0.0,
                                        feed_forward_proj="gated-gelu")).double().eval()
-    ffn = FeedForward(8, 16, "geglu_tanh", bias=False).double()
-    with torch.no_grad():
-        ffn.w13.weight.copy_(torch.cat([hf.wi_0.weight, hf.wi_1.weight]))
-        ffn.w2.weight.copy_(hf.wo.weight)
-    x = torch.randn(2, 5, 8, dtype=torch.float64)
-    torch.testing.assert_close(ffn(x), hf(x))
+    _assert_gated_equals("geglu_tanh", hf, hf.wi_0.weight, hf.wi_1.weight, hf.wo.weight)
 
 
 def test_gelu_is_exact_not_the_tanh_approximation():
@@ -101,3 +91,14 @@ def test_gelu_is_exact_not_the_tanh_approximation():
     assert (F.gelu(x) - F.gelu(x, approximate="tanh")).abs().max() > 1e-4
     assert (ACTIVATIONS["gelu"].fn(x) - _gelu_tanh(x)).abs().max() > 1e-4
     assert (ACTIVATIONS["gelu_tanh"].fn(x) - _gelu_exact(x)).abs().max() > 1e-4
+
+
+def _assert_gated_equals(activation: str, hf: torch.nn.Module, gate: torch.Tensor, up: torch.Tensor,
+                         down: torch.Tensor) -> None:
+    """attnlab's gated feed-forward given `hf`'s gate, up and down weights computes what `hf` does (float64)."""
+    ffn = FeedForward(8, 16, activation, bias=False).double()
+    with torch.no_grad():
+        ffn.w13.weight.copy_(torch.cat([gate, up]))
+        ffn.w2.weight.copy_(down)
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    torch.testing.assert_close(ffn(x), hf(x))
