@@ -123,13 +123,14 @@ class LlamaLayout:
     def matches(self, cfg: ModelConfig) -> bool:
         """Whether `cfg` looks like this family (picks the family in `to_hf`): a decoder with
         rotary positions; Mistral when it uses the sliding window, Qwen2 when its attention has
-        biases, Llama otherwise."""
+        biases and its feed-forward none, Llama otherwise (`family="llama"` exports a Qwen2-like
+        config with its out_proj bias)."""
         if self.MODEL_TYPE not in family(cfg).hf_model_types or cfg.position.scheme != "rotary":
             return False
-        windowed = cfg.attention.kernel == "sliding_window"
-        if self.sliding_window or windowed:
-            return self.sliding_window and windowed
-        return self.qkv_bias == cfg.attention.bias
+        if cfg.attention.kernel == "sliding_window" or self.sliding_window:
+            return self.sliding_window and cfg.attention.kernel == "sliding_window"
+        qwen2_like = cfg.attention.bias and not cfg.ffn_bias
+        return qwen2_like == self.qkv_bias
 
     def config_to_hf(self, cfg: ModelConfig) -> tuple[dict[str, Any], str]:
         """(config.json dict, architecture name) of an attnlab config.
@@ -144,7 +145,7 @@ class LlamaLayout:
             "attention.score": "scaled_dot", "position.scheme": "rotary", "position.rotary_dim": (None, head_dim),
             "embedding_scale": False, "embedding_norm": False, "type_vocab_size": 0, "lm_head_bias": False,
             "lm_head_scale": 1.0, "head": ("lm", "none"), "activation": tuple(_ACT_TO_HF), "moe.num_experts": 0,
-            "memory_len": 0, "attention.kernel": ("sliding_window",) if self.sliding_window else ("auto", "sdpa", "eager"),
+            "memory_len": 0, "attention.kernel": ("auto", "sdpa", "eager", "sliding_window") if self.sliding_window else ("auto", "sdpa", "eager"),
         }
         if self.qkv_bias:
             wanted.update({"attention.bias": True, "ffn_bias": False})
@@ -165,7 +166,8 @@ class LlamaLayout:
         if self.mlp_bias:  # Llama's switches
             hf.update(attention_bias=cfg.attention.bias, mlp_bias=cfg.ffn_bias)
         if self.sliding_window:
-            hf["sliding_window"] = cfg.attention.kernel_options.window + 1
+            windowed = cfg.attention.kernel == "sliding_window"
+            hf["sliding_window"] = cfg.attention.kernel_options.window + 1 if windowed else None
         if self.MODEL_TYPE == "qwen2":
             hf.update(use_sliding_window=False, layer_types=["full_attention"] * cfg.num_layers)
         return hf, architecture
