@@ -122,11 +122,13 @@ class LlamaLayout:
 
     def matches(self, cfg: ModelConfig) -> bool:
         """Whether `cfg` looks like this family (picks the family in `to_hf`): a decoder with
-        rotary positions; Mistral when it uses the sliding window, Qwen2 when its attention has
+        rotary positions, RMSNorm and a gated feed-forward; Mistral when it uses the sliding window, Qwen2 when its attention has
         biases and its feed-forward none, Llama otherwise (`family="llama"` exports a Qwen2-like
         config with its out_proj bias)."""
-        if self.MODEL_TYPE not in family(cfg).hf_model_types or cfg.position.scheme != "rotary":
+        if self.MODEL_TYPE not in family(cfg).hf_model_types:
             return False
+        if cfg.position.scheme != "rotary" or cfg.norm != "rmsnorm" or cfg.activation not in _ACT_TO_HF:
+            return False  # another decoder: GPT-2's, whose refusal lists what it cannot express
         if cfg.attention.kernel == "sliding_window" or self.sliding_window:
             return self.sliding_window and cfg.attention.kernel == "sliding_window"
         qwen2_like = cfg.attention.bias and not cfg.ffn_bias
