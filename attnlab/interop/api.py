@@ -79,8 +79,8 @@ def from_hf(model_or_path: Any) -> nn.Module:
             raise FileNotFoundError(f"{folder} is not a folder (expected config.json + {SAFETENSORS})")
         hf_config = read_json(folder / "config.json")
         architecture = folder_architecture(hf_config, str(folder / "config.json"))
-        try:
-            family_of(architecture)  # fail on the architecture before reading gigabytes
+        try:  # fail on the architecture and its options before reading gigabytes
+            family_of(architecture).config_from_hf(hf_config, architecture)
         except ValueError as err:
             raise ValueError(f"{folder}: {err}") from None
         state, file = read_weights(folder)

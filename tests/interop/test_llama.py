@@ -1,0 +1,89 @@
+"""What the Llama-family converter refuses, by the name of the Hugging Face field or the attnlab
+tensor, and what it reads from configs it accepts."""
+
+import pytest
+
+from attnlab import ModelConfig, build_model
+from attnlab.interop import from_hf, to_hf
+from attnlab.interop.llama import LLAMA, MISTRAL, QWEN2
+
+SMALL = dict(model_type="llama", vocab_size=50, hidden_size=32, intermediate_size=40, num_hidden_layers=1,
+             num_attention_heads=4)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("rope_parameters", {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
+     r"rope_parameters\.rope_type='linear' is not supported"),
+    ("rope_parameters", {"rope_type": "llama3", "factor": 8.0, "rope_theta": 5e5}, r"rope_parameters\.rope_type='llama3' is not supported"),
+    ("rope_scaling", {"type": "dynamic", "factor": 2.0}, r"rope_scaling='dynamic' is not supported"),
+    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, r"rope_scaling='yarn' is not supported"),
+    ("partial_rotary_factor", 0.5, r"partial_rotary_factor=0\.5 is not supported"),
+    ("hidden_act", "gelu_fast", r"hidden_act='gelu_fast' is not one of"),
+    ("pretraining_tp", 2, r"pretraining_tp=2 is not supported"),
+])
+def test_llama_options_attnlab_does_not_compute_are_refused_by_name(field, value, message):
+    with pytest.raises(ValueError, match=f"^Llama config: {message}"):
+        LLAMA.config_from_hf({**SMALL, field: value}, "LlamaForCausalLM")
+
+
+def test_qwen2_sliding_window_layers_are_refused():
+    hf = {**SMALL, "model_type": "qwen2", "layer_types": ["sliding_attention"]}
+    with pytest.raises(ValueError, match=r"^Qwen2 config: use_sliding_window / layer_types"):
+        QWEN2.config_from_hf(hf, "Qwen2ForCausalLM")
+    with pytest.raises(ValueError, match="use_sliding_window"):
+        QWEN2.config_from_hf({**hf, "layer_types": None, "use_sliding_window": True}, "Qwen2ForCausalLM")
+
+
+def test_mistral_window_must_be_positive():
+    with pytest.raises(ValueError, match=r"^Mistral config: sliding_window=0 is not a positive integer"):
+        MISTRAL.config_from_hf({**SMALL, "model_type": "mistral", "sliding_window": 0}, "MistralForCausalLM")
+    cfg = MISTRAL.config_from_hf({**SMALL, "model_type": "mistral", "sliding_window": 5}, "MistralForCausalLM")
+    assert cfg.attention.kernel_options.window == 4  # Mistral's W keys, itself included: attnlab's window W - 1
+
+
+def test_a_model_type_that_disagrees_with_the_architecture_is_refused():
+    import torch
+
+    with pytest.raises(ValueError, match=r"model_type='qwen2' does not match architecture 'LlamaForCausalLM'"):
+        from attnlab.interop.api import from_state
+
+        from_state({**SMALL, "model_type": "qwen2"}, "LlamaForCausalLM", {"x": torch.zeros(1)})
+
+
+def _rotary(**kw):
+    base = dict(arch="decoder", vocab_size=50, d_model=32, num_heads=4, num_layers=1, d_ff=48, activation="swiglu",
+                norm="rmsnorm", norm_placement="pre", ffn_bias=False, dropout=0.0, position={"scheme": "rotary"},
+                attention={"bias": False})
+    return ModelConfig(**{**base, **kw})
+
+
+def test_export_refuses_what_llama_cannot_express_naming_every_field():
+    cfg = _rotary(position={"scheme": "rotary", "rotary_dim": 4}, embedding_scale=True)
+    with pytest.raises(ValueError, match=r"Llama model: position\.rotary_dim=4 \(needs None or 8\); "
+                                         r"embedding_scale=True"):
+        to_hf(build_model(cfg))
+    with pytest.raises(ValueError, match=r"Qwen2 model: .*attention\.bias=False \(needs True\)"):
+        to_hf(build_model(_rotary()), "qwen2")
+
+
+def test_export_picks_the_family_from_the_config():
+    assert LLAMA.matches(_rotary()) and not QWEN2.matches(_rotary()) and not MISTRAL.matches(_rotary())
+    qwen2_like = _rotary(attention={"bias": True})
+    assert QWEN2.matches(qwen2_like) and not LLAMA.matches(qwen2_like)
+    windowed = _rotary(attention={"bias": False, "kernel": "sliding_window", "kernel_options": {"window": 7}})
+    assert MISTRAL.matches(windowed) and not LLAMA.matches(windowed)
+    assert to_hf(build_model(windowed)).config.sliding_window == 8
+    gpt2_like = _rotary(norm="layernorm")  # another decoder: GPT-2's refusal names what it cannot express
+    assert not any(c.matches(gpt2_like) for c in (LLAMA, MISTRAL, QWEN2))
+    with pytest.raises(ValueError, match="GPT-2 model"):
+        to_hf(build_model(gpt2_like))
+
+
+def test_from_hf_folder_refuses_rope_scaling_before_reading_weights(tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({**SMALL, "architectures": ["LlamaForCausalLM"],
+                                                      "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match="rope_scaling='llama3'"):
+        from_hf(tmp_path)
