@@ -23,8 +23,9 @@ Mistral's `sliding_window` W lets query i see keys j with i - j < W: attnlab's k
 none on o_proj: attnlab's `attention.bias` puts one on all four, so the converted out_proj bias
 is zero, and exporting refuses a model whose out_proj bias has moved from zero.
 
-Refused by the name of the Hugging Face field: `rope_scaling` / `rope_parameters.rope_type`
-other than `default` (linear, dynamic, yarn, longrope, llama3), `partial_rotary_factor` below 1
+Rotary scaling (`rope_parameters.rope_type`, or the older `rope_scaling`): `linear` and `llama3`
+map to attnlab's `position.rotary_scaling`. Refused by the name of the Hugging Face field: other
+rope types (dynamic, yarn, longrope, ...), `partial_rotary_factor` below 1
 (these three classes rotate the whole head), Qwen2's sliding-window layers
 (`use_sliding_window`, `layer_types`), `pretraining_tp` above 1, an unknown `hidden_act`.
 """
@@ -78,7 +79,7 @@ class LlamaLayout:
             raise ValueError(f"{name}: hidden_act={act!r} is not one of {', '.join(_ACT_FROM_HF)}")
         if hf_get(hf, "pretraining_tp", 1) != 1:
             raise ValueError(f"{name}: pretraining_tp={hf['pretraining_tp']!r} is not supported (needs 1)")
-        theta = _rope(hf, name)
+        theta, scaling = _rope(hf, name)
         d_model, heads = hf_get(hf, "hidden_size", 4096), hf_get(hf, "num_attention_heads", 32)
         head_dim = hf.get("head_dim") or d_model // heads
         vocab, pad = hf_get(hf, "vocab_size", 32000), hf.get("pad_token_id")
@@ -98,7 +99,8 @@ class LlamaLayout:
             ffn_bias=bool(hf_get(hf, "mlp_bias", False)), dropout=0.0, norm="rmsnorm", norm_bias=False,
             norm_eps=float(hf_get(hf, "rms_norm_eps", 1e-6)), norm_placement="pre", final_norm=True,
             attention=attention,
-            position={"scheme": "rotary", "rotary_base": theta, "max_len": hf_get(hf, "max_position_embeddings", 2048)},
+            position={"scheme": "rotary", "rotary_base": theta, "rotary_scaling": scaling,
+                      "max_len": hf_get(hf, "max_position_embeddings", 2048)},
             tie_embeddings=bool(hf_get(hf, "tie_word_embeddings", False)), head=self.ARCHITECTURES[architecture],
             pad_token_id=pad if isinstance(pad, int) and 0 <= pad < vocab else None,
             init_std=float(hf_get(hf, "initializer_range", 0.02)),
@@ -161,7 +163,7 @@ class LlamaLayout:
             "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.attention.num_kv_heads or cfg.num_heads,
             "head_dim": head_dim, "hidden_act": _ACT_TO_HF[cfg.activation], "rms_norm_eps": cfg.norm_eps,
             "max_position_embeddings": cfg.position.max_len, "initializer_range": cfg.init_std,
-            "rope_parameters": {"rope_type": "default", "rope_theta": cfg.position.rotary_base},
+            "rope_parameters": _rope_to_hf(cfg.position),
             "attention_dropout": cfg.attention.dropout, "tie_word_embeddings": cfg.tie_embeddings,
             "pad_token_id": cfg.pad_token_id,
         }
@@ -227,24 +229,50 @@ def _zero(ours: str, width: int) -> Rule:
     return Rule((), (ours,), lambda ts: [torch.zeros(width)], to_hf)
 
 
-def _rope(hf: dict[str, Any], name: str) -> float:
-    """rope_theta of a config.json (`rope_parameters` of transformers 5, or the older top-level
-    `rope_theta` / `rope_scaling`), refusing what attnlab's rotary does not compute."""
+_SCALING_OPTIONS = {"linear": ("factor",),
+                    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+
+
+def _rope(hf: dict[str, Any], name: str) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, attnlab's position.rotary_scaling) of a config.json (`rope_parameters` of
+    transformers 5, or the older top-level `rope_theta` / `rope_scaling`), refusing what attnlab's
+    rotary does not compute."""
     params = hf.get("rope_parameters") or {}
     scaling = hf.get("rope_scaling") or {}
     if not isinstance(params, dict) or not isinstance(scaling, dict):
         raise ValueError(f"{name}: rope_parameters / rope_scaling must be a mapping, got "
                          f"{params!r} / {scaling!r}")
-    kind = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if kind != "default":
-        field = "rope_parameters.rope_type" if params.get("rope_type") else "rope_scaling"
-        raise ValueError(f"{name}: {field}={kind!r} is not supported: attnlab's rotary computes the "
-                         "unscaled angles (rope_type 'default') only")
+    source = params if params.get("rope_type") else scaling
+    kind = source.get("rope_type") or source.get("type") or "default"
+    field = "rope_parameters.rope_type" if source is params else "rope_scaling"
+    if kind != "default" and kind not in _SCALING_OPTIONS:
+        raise ValueError(f"{name}: {field}={kind!r} is not supported: attnlab's rotary computes the angles of "
+                         f"rope_type 'default', {', '.join(map(repr, _SCALING_OPTIONS))}")
     factor = params.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
     if factor not in (None, 1, 1.0):
         raise ValueError(f"{name}: partial_rotary_factor={factor!r} is not supported (transformers' {name[:-7]} "
                          "rotates the whole head): needs 1.0")
-    return float(params.get("rope_theta") or hf.get("rope_theta") or 10000.0)
+    theta = float(params.get("rope_theta") or hf.get("rope_theta") or 10000.0)
+    if kind == "default":
+        return theta, None
+    missing = [k for k in _SCALING_OPTIONS[kind] if source.get(k) is None]
+    if missing:
+        raise ValueError(f"{name}: {field}={kind!r} needs {', '.join(missing)}")
+    return theta, {"type": kind, **{k: source[k] for k in _SCALING_OPTIONS[kind]}}
+
+
+def _rope_to_hf(position: Any) -> dict[str, Any]:
+    """config.json's rope_parameters of attnlab's position section."""
+    scaling = position.rotary_scaling
+    if scaling is None:
+        return {"rope_type": "default", "rope_theta": position.rotary_base}
+    from attnlab.nn.positions import ROTARY_SCALINGS
+
+    options = {**ROTARY_SCALINGS[scaling["type"]], **scaling}
+    if scaling["type"] == "llama3":
+        options["original_max_position_embeddings"] = int(options["original_max_position_embeddings"])
+    return {"rope_type": scaling["type"], "rope_theta": position.rotary_base,
+            **{k: options[k] for k in _SCALING_OPTIONS[scaling["type"]]}}
 
 
 LLAMA = LlamaLayout("Llama", "llama", "Llama", qkv_bias=False, sliding_window=False, mlp_bias=True,

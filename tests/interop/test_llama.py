@@ -12,11 +12,13 @@ SMALL = dict(model_type="llama", vocab_size=50, hidden_size=32, intermediate_siz
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("rope_parameters", {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4},
-     r"rope_parameters\.rope_type='linear' is not supported"),
-    ("rope_parameters", {"rope_type": "llama3", "factor": 8.0, "rope_theta": 5e5}, r"rope_parameters\.rope_type='llama3' is not supported"),
+    ("rope_parameters", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+     r"rope_parameters\.rope_type='yarn' is not supported"),
+    ("rope_parameters", {"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]},
+     r"rope_parameters\.rope_type='longrope' is not supported"),
     ("rope_scaling", {"type": "dynamic", "factor": 2.0}, r"rope_scaling='dynamic' is not supported"),
-    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}, r"rope_scaling='yarn' is not supported"),
+    ("rope_scaling", {"rope_type": "llama3", "factor": 8.0}, r"rope_scaling='llama3' needs low_freq_factor, "
+                                                            r"high_freq_factor, original_max_position_embeddings"),
     ("partial_rotary_factor", 0.5, r"partial_rotary_factor=0\.5 is not supported"),
     ("hidden_act", "gelu_fast", r"hidden_act='gelu_fast' is not one of"),
     ("pretraining_tp", 2, r"pretraining_tp=2 is not supported"),
@@ -83,7 +85,13 @@ def test_from_hf_folder_refuses_rope_scaling_before_reading_weights(tmp_path):
     import json
 
     (tmp_path / "config.json").write_text(json.dumps({**SMALL, "architectures": ["LlamaForCausalLM"],
-                                                      "rope_scaling": {"rope_type": "llama3", "factor": 8.0}}))
+                                                      "rope_scaling": {"rope_type": "dynamic", "factor": 8.0}}))
     (tmp_path / "model.safetensors").write_bytes(b"")
-    with pytest.raises(ValueError, match="rope_scaling='llama3'"):
+    with pytest.raises(ValueError, match="rope_scaling='dynamic' is not supported"):
         from_hf(tmp_path)
+
+
+def test_older_rope_scaling_maps_to_rotary_scaling():
+    cfg = LLAMA.config_from_hf({**SMALL, "rope_theta": 500.0, "rope_scaling": {"type": "linear", "factor": 4.0}},
+                               "LlamaForCausalLM")
+    assert (cfg.position.rotary_base, cfg.position.rotary_scaling) == (500.0, {"type": "linear", "factor": 4.0})
