@@ -95,3 +95,34 @@ def test_older_rope_scaling_maps_to_rotary_scaling():
     cfg = LLAMA.config_from_hf({**SMALL, "rope_theta": 500.0, "rope_scaling": {"type": "linear", "factor": 4.0}},
                                "LlamaForCausalLM")
     assert (cfg.position.rotary_base, cfg.position.rotary_scaling) == (500.0, {"type": "linear", "factor": 4.0})
+
+
+def test_convert_and_init_from_a_llama_folder(tmp_path):
+    # a Hugging Face folder with its tokenizer.json -> `attnlab convert` -> the same logits; a run's
+    # init_from reads the same config from the folder
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from attnlab import load
+    from attnlab.cli.main import main
+    from attnlab.training.setup.start import read_init_config
+    from tests.interop.helpers import randomize, real_max_diff
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator(["the cat sat on the mat"] * 20, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    cfg = transformers.LlamaConfig(vocab_size=tok.get_vocab_size(), hidden_size=32, intermediate_size=40,
+                                   num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                   bos_token_id=None, eos_token_id=0)
+    hf = randomize(transformers.LlamaForCausalLM(cfg))
+    hf.save_pretrained(tmp_path / "hf")
+    tok.save(str(tmp_path / "hf" / "tokenizer.json"))
+    assert main(["convert", str(tmp_path / "hf"), str(tmp_path / "ours")]) == 0
+    model, tokenizer = load(tmp_path / "ours", with_tokenizer=True)
+    ids = torch.tensor([tokenizer.encode("the cat sat")])
+    with torch.no_grad():
+        assert real_max_diff(model(ids), hf(input_ids=ids).logits) <= 1e-5
+    assert read_init_config(tmp_path / "hf") == model.config
