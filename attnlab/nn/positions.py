@@ -178,7 +178,8 @@ def scaled_frequencies(inv_freq: Tensor, spec: dict[str, Any]) -> Tensor:
     factor = float(o["factor"])
     if spec["type"] == "linear":
         return inv_freq / factor
-    original, low, high = float(o["original_max_position_embeddings"]), float(o["low_freq_factor"]), float(o["high_freq_factor"])
+    original = float(o["original_max_position_embeddings"])
+    low, high = float(o["low_freq_factor"]), float(o["high_freq_factor"])
     wavelen = 2 * math.pi / inv_freq
     slow = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
     smooth = (original / wavelen - low) / (high - low)

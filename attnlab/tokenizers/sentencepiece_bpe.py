@@ -139,7 +139,8 @@ def from_hf_blocks(spec: dict[str, Any], normalizer: Any, pre: Any, decoder: Any
     metaspace = (isinstance(pre, dict) and pre.get("type") == "Metaspace" and pre.get("replacement", SPACE) == SPACE
                  and pre.get("prepend_scheme", "always") == "always" and not pre.get("split", True) and not normalizer)
     if not (normalizer == LEGACY_NORMALIZER and not pre) and not metaspace:
-        raise ValueError("normalizer/pre_tokenizer: a SentencePiece-style BPE (byte_fallback, '▁' for spaces) is read with the Prepend('▁') + "
+        raise ValueError("normalizer/pre_tokenizer: a SentencePiece-style BPE (byte_fallback, '▁' for spaces) is "
+                         "read with the Prepend('▁') + "
                          "Replace(' ', '▁') normalizer and no pre-tokenizer, or Metaspace(prepend_scheme='always', "
                          f"split=false); got normalizer {normalizer!r}, pre_tokenizer {pre!r}")
     if decoder != DECODER:

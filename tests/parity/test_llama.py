@@ -24,13 +24,14 @@ VARIANTS = {
     "llama-mha-tied-biases": ("Llama", dict(tie_word_embeddings=True, attention_bias=True, mlp_bias=True,
                                             hidden_act="gelu_pytorch_tanh")),
     "llama-head-dim-mqa": ("Llama", dict(num_key_value_heads=1, head_dim=12)),
-    "llama-linear-scaling": ("Llama", dict(rope_parameters={"rope_type": "linear", "factor": 4.0, "rope_theta": 100.0})),
+    "llama-linear-scaling": ("Llama", dict(rope_parameters={"rope_type": "linear", "factor": 4.0,
+                                                            "rope_theta": 100.0})),
     "llama3-scaling": ("Llama", dict(num_key_value_heads=2, max_position_embeddings=256, rope_parameters={
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
         "original_max_position_embeddings": 32, "rope_theta": 500.0})),
     "mistral-window-3": ("Mistral", dict(num_key_value_heads=2, sliding_window=3)),
-    "mistral-no-window": ("Mistral", dict(sliding_window=None, num_key_value_heads=4, rope_parameters={"rope_type": "default",
-                                                                                "rope_theta": 1e6})),
+    "mistral-no-window": ("Mistral", dict(sliding_window=None, num_key_value_heads=4,
+                                          rope_parameters={"rope_type": "default", "rope_theta": 1e6})),
     "qwen2-mqa-tied": ("Qwen2", dict(num_key_value_heads=1, tie_word_embeddings=True)),
 }
 
