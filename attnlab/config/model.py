@@ -198,6 +198,11 @@ class PositionConfig:
         when relative_values), `rotary` (Su et al. 2021), `alibi` (Press et al. 2022),
         `t5_bias` (Raffel et al. 2020: learned per-head bias of the bucketed distance,
         one table shared by all layers of a stack).
+    rotary_scaling: rotary frequencies stretched for contexts longer than the model was trained on:
+        `{"type": "linear", "factor": f}` (position interpolation, Chen et al. 2023: every frequency
+        / f) or `{"type": "llama3", "factor": 8, "low_freq_factor": 1, "high_freq_factor": 4,
+        "original_max_position_embeddings": 8192}` (Llama 3.1: only the low frequencies / f, a blend
+        between); None = unscaled.
     max_len: positions available to `learned` and `binary` (their tables; past them the model
         raises); sinusoidal, rotary, alibi, t5_bias and none compute any position and ignore it.
     sinusoidal_layout: `interleaved` (sin, cos, sin, cos, ... per frequency, the paper's
@@ -218,6 +223,7 @@ class PositionConfig:
     relative_values: bool = True
     rotary_base: float = 10000.0
     rotary_dim: int | None = None  # rotate only the first rotary_dim features of a head; None = all
+    rotary_scaling: dict[str, Any] | None = None  # longer contexts: {"type": "linear"|"llama3", options}; None = off
     t5_num_buckets: int = 32
     t5_max_distance: int = 128
     sinusoidal_layout: str = "interleaved"
@@ -239,6 +245,12 @@ class PositionConfig:
         if self.rotary_dim is not None and self.rotary_dim % 2:
             raise ConfigError(s + "rotary_dim", f"expected an even number (features rotate in pairs), got {self.rotary_dim}")
         positive(s + "rotary_base", self.rotary_base)
+        if self.rotary_scaling is not None:  # the check lives beside the scalings, in attnlab.nn (as the registries)
+            import importlib
+
+            problem = importlib.import_module("attnlab.nn.positions").rotary_scaling_problem(self.rotary_scaling)
+            if problem:
+                raise ConfigError(s + "rotary_scaling", problem)
 
 
 @dataclass

@@ -57,7 +57,8 @@ def from_hf(model_or_path: Any) -> nn.Module:
     Args:
         model_or_path: a `transformers` model (GPT2LMHeadModel, GPT2Model, BertModel,
             BertForMaskedLM, BertForSequenceClassification, BartForConditionalGeneration,
-            MarianMTModel, T5ForConditionalGeneration), a folder with `config.json` and
+            MarianMTModel, T5ForConditionalGeneration, LlamaForCausalLM, MistralForCausalLM,
+            Qwen2ForCausalLM, and their base `*Model`s), a folder with `config.json` and
             `model.safetensors` (or `pytorch_model.bin`, read without unpickling objects), or a
             Hugging Face Hub model `hf:NAME[@REVISION]` (`attnlab.interop.hub`: safetensors only).
 
@@ -78,8 +79,8 @@ def from_hf(model_or_path: Any) -> nn.Module:
             raise FileNotFoundError(f"{folder} is not a folder (expected config.json + {SAFETENSORS})")
         hf_config = read_json(folder / "config.json")
         architecture = folder_architecture(hf_config, str(folder / "config.json"))
-        try:
-            family_of(architecture)  # fail on the architecture before reading gigabytes
+        try:  # fail on the architecture and its options before reading gigabytes
+            family_of(architecture).config_from_hf(hf_config, architecture)
         except ValueError as err:
             raise ValueError(f"{folder}: {err}") from None
         state, file = read_weights(folder)
@@ -111,9 +112,11 @@ def hf_export(model: nn.Module, family: str | None = None, *,
 
     Args:
         model: a model from `build_model` (it carries `model.config`).
-        family: `gpt2`, `bert`, `bart`, `marian` or `t5`; None picks by the config
-            (decoder -> GPT-2, encoder -> BERT, encoder-decoder by position scheme:
-            t5_bias -> T5, sinusoidal -> Marian, learned -> BART).
+        family: `gpt2`, `llama`, `mistral`, `qwen2`, `bert`, `bart`, `marian` or `t5`; None
+            picks by the config (decoder with rotary positions -> Mistral with the
+            sliding_window kernel, Qwen2 with attention biases, Llama otherwise; other decoders
+            -> GPT-2; encoder -> BERT; encoder-decoder by position scheme: t5_bias -> T5,
+            sinusoidal -> Marian, learned -> BART).
         tokenizer: the model's attnlab tokenizer, whose bos/eos ids the config records;
             without one, the family's defaults where they fit the vocabulary, else None
             (`attnlab.interop.special`).

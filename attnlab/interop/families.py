@@ -9,9 +9,11 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from attnlab.interop import bart, bert, gpt2, marian, t5
+from attnlab.interop import bart, bert, gpt2, llama, marian, t5
 
-FAMILIES: tuple[ModuleType, ...] = (gpt2, bert, t5, marian, bart)
+# modules, or objects with a module's names (Llama, Mistral and Qwen2 share one converter class);
+# `to_hf` asks them in this order which one expresses a config: the Llama layouts before GPT-2
+FAMILIES: tuple[ModuleType | Any, ...] = (*llama.CONVERTERS, gpt2, bert, t5, marian, bart)
 _BY_ARCHITECTURE = {name: fam for fam in FAMILIES for name in fam.ARCHITECTURES}
 _DEFAULT_ARCHITECTURE = {fam.MODEL_TYPE: next(iter(fam.ARCHITECTURES)) for fam in FAMILIES}
 
@@ -21,7 +23,7 @@ def supported_architectures() -> list[str]:
     return list(_BY_ARCHITECTURE)
 
 
-def family_of(architecture: str) -> ModuleType:
+def family_of(architecture: str) -> ModuleType | Any:
     """The module that converts `architecture` (a Hugging Face class name)."""
     if architecture not in _BY_ARCHITECTURE:
         raise ValueError(f"unsupported architecture {architecture!r}; attnlab converts "

@@ -107,10 +107,13 @@ class RotaryEmbedding(nn.Module):
     angle t * base^(-2i/R); q_s . k_t then depends on s - t only.
     """
 
-    def __init__(self, head_dim: int, rotary_dim: int | None = None, base: float = 10000.0):
+    def __init__(self, head_dim: int, rotary_dim: int | None = None, base: float = 10000.0,
+                 scaling: dict[str, Any] | None = None):
         super().__init__()
         self.rotary_dim = rotary_dim or head_dim
         inv_freq = base ** (-torch.arange(0, self.rotary_dim, 2, dtype=torch.float32) / self.rotary_dim)
+        if scaling is not None:
+            inv_freq = scaled_frequencies(inv_freq, scaling)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def rotate(self, x: Tensor, position_ids: Tensor) -> Tensor:
@@ -133,6 +136,56 @@ class RotaryEmbedding(nn.Module):
         half1, half2 = x_rot[..., : r // 2], x_rot[..., r // 2 :]
         rotated = x_rot * cos + torch.cat((-half2, half1), dim=-1) * sin
         return torch.cat((rotated, x_pass), dim=-1)
+
+
+#: rotary frequency scalings (`position.rotary_scaling`): type -> its options and their defaults
+ROTARY_SCALINGS: dict[str, dict[str, float]] = {
+    "linear": {"factor": 1.0},
+    "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192.0},
+}
+
+
+def rotary_scaling_problem(spec: dict[str, Any]) -> str | None:
+    """What is wrong with a `position.rotary_scaling` mapping, or None."""
+    kind = spec.get("type")
+    if kind not in ROTARY_SCALINGS:
+        return f"type must be one of {', '.join(ROTARY_SCALINGS)}, got {kind!r}"
+    allowed = ROTARY_SCALINGS[kind]
+    for key, value in spec.items():
+        if key == "type":
+            continue
+        if key not in allowed:
+            return f"unknown option {key!r} of {kind!r}; allowed: {', '.join(allowed)}"
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            return f"{key} must be a number > 0, got {value!r}"
+    options = {**allowed, **spec}
+    if kind == "llama3" and options["high_freq_factor"] <= options["low_freq_factor"]:
+        return "high_freq_factor must be above low_freq_factor"
+    return None
+
+
+def scaled_frequencies(inv_freq: Tensor, spec: dict[str, Any]) -> Tensor:
+    """Rotary frequencies stretched for a longer context.
+
+    `linear` (position interpolation, Chen et al. 2023, https://arxiv.org/abs/2306.15595): every
+    frequency / factor, i.e. position t turns as t / factor did. `llama3` (Meta's Llama 3.1):
+    wavelengths 2 pi / f longer than original / low_freq_factor are divided by factor, those
+    shorter than original / high_freq_factor are kept, and those between blend the two linearly
+    in original / wavelength.
+    """
+    o = {**ROTARY_SCALINGS[spec["type"]], **spec}
+    factor = float(o["factor"])
+    if spec["type"] == "linear":
+        return inv_freq / factor
+    original = float(o["original_max_position_embeddings"])
+    low, high = float(o["low_freq_factor"]), float(o["high_freq_factor"])
+    wavelen = 2 * math.pi / inv_freq
+    slow = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    blended = (1 - smooth) * slow / factor + smooth * slow
+    medium = (wavelen >= original / high) & (wavelen <= original / low)
+    return torch.where(medium, blended, slow)
 
 
 class RelativePositions(nn.Module):
@@ -281,7 +334,8 @@ POSITION_SCHEMES: dict[str, PositionScheme] = {
     "relative": PositionScheme(
         "relative", lambda p, s: RelativePositions(s.head_dim, p.relative_max_distance, values=p.relative_values),
         score_bias=True, value_option="relative_values"),
-    "rotary": PositionScheme("rotary", lambda p, s: RotaryEmbedding(s.head_dim, p.rotary_dim, p.rotary_base)),
+    "rotary": PositionScheme("rotary", lambda p, s: RotaryEmbedding(s.head_dim, p.rotary_dim, p.rotary_base,
+                                                                    getattr(p, "rotary_scaling", None))),
     "alibi": PositionScheme("bias", lambda p, s: ALiBi(s.num_heads), score_bias=True),
     "t5_bias": PositionScheme(
         "bias", lambda p, s: T5RelativeBias(s.num_heads, p.t5_num_buckets, p.t5_max_distance,

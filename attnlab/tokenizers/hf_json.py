@@ -6,6 +6,9 @@ What attnlab reads and writes (model; pre-tokenizer; decoder; normalizer):
   ``ByteLevel(use_regex=false)``; ``ByteLevel``; any normalizer of ``normalizers.py`` (GPT-2:
   none);
 - wordpiece: ``WordPiece``; ``BertPreTokenizer``; ``WordPiece``; ``BertNormalizer``;
+- SentencePiece-style bpe (Llama 2, Mistral): ``BPE`` with ``byte_fallback``; none, or
+  ``Metaspace`` (prepend always, no split); Replace + ByteFallback + Fuse + Strip; Prepend("▁") +
+  Replace(" ", "▁") (see ``sentencepiece_bpe.py``);
 - char: ``WordLevel``; ``Split`` on every character; ``Fuse``; none.
 - word: ``WordLevel``; ``BertPreTokenizer``; ``WordPiece`` (joins with spaces, cleans up); any
   normalizer of ``normalizers.py`` (attnlab's: none).
@@ -27,6 +30,7 @@ from attnlab.tokenizers.bpe import BPEModel
 from attnlab.tokenizers.bytelevel import GPT2_PATTERN
 from attnlab.tokenizers.char import CharModel
 from attnlab.tokenizers.normalizers import Normalizer
+from attnlab.tokenizers.sentencepiece_bpe import LEGACY_NORMALIZER, SentencePieceBPEModel, from_hf_blocks
 from attnlab.tokenizers.special import AddedToken, infer_roles
 from attnlab.tokenizers.template import Template
 from attnlab.tokenizers.word import WordModel
@@ -66,6 +70,9 @@ def to_hf(model: TokenModel, added: list[AddedToken], template: Template, roles:
         normalizer = model.normalizer.spec if model.normalizer else None
         if post is None:
             post = {**_BYTELEVEL, "trim_offsets": False}
+    elif isinstance(model, SentencePieceBPEModel):
+        body, pre, decoder = model.to_hf(), model.blocks.get("pre_tokenizer"), model.blocks.get("decoder")
+        normalizer = model.blocks.get("normalizer")
     elif isinstance(model, WordPieceModel):
         body = {"type": "WordPiece", "unk_token": model.unk_token, "continuing_subword_prefix": model.prefix,
                 "max_input_chars_per_word": model.max_input_chars_per_word, "vocab": model.vocab}
@@ -141,10 +148,15 @@ def from_hf(data: dict[str, Any]) -> dict[str, Any]:
         raise ValueError("path: not a tokenizer.json (no 'model' block)")
     spec = data["model"]
     kind = spec.get("type") or _guess_model_type(spec)
-    normalizer = Normalizer(data["normalizer"]) if data.get("normalizer") else None
     pre = data.get("pre_tokenizer")
-    if kind == "BPE":
-        model: TokenModel = _bpe_from_hf(spec, pre, normalizer)
+    if kind == "BPE" and _sentencepiece_style(spec, data.get("normalizer"), pre):  # Llama 2, Mistral: own blocks
+        model: TokenModel = from_hf_blocks(spec, data.get("normalizer"), pre, data.get("decoder"))
+        kind = "SentencePieceBPE"
+    normalizer = Normalizer(data["normalizer"]) if data.get("normalizer") and kind != "SentencePieceBPE" else None
+    if kind == "SentencePieceBPE":
+        pass
+    elif kind == "BPE":
+        model = _bpe_from_hf(spec, pre, normalizer)
     elif kind == "WordPiece":
         if not pre or pre.get("type") != "BertPreTokenizer":
             raise ValueError(f"pre_tokenizer: WordPiece is read with BertPreTokenizer only, got {pre!r}")
@@ -170,6 +182,12 @@ def from_hf(data: dict[str, Any]) -> dict[str, Any]:
     template = _template_from_hf(data.get("post_processor"), roles)
     roles = spec.get("attnlab_roles") or default_roles(model, added, template)
     return {"model": model, "added_tokens": added, "roles": roles, "template": template}
+
+
+def _sentencepiece_style(spec: dict[str, Any], normalizer: Any, pre: Any) -> bool:
+    """A BPE over characters with "▁" for spaces, or with byte fallback (sentencepiece_bpe.py)."""
+    metaspace = isinstance(pre, dict) and pre.get("type") == "Metaspace"
+    return bool(spec.get("byte_fallback")) or normalizer == LEGACY_NORMALIZER or metaspace
 
 
 def _wordlevel_from_hf(spec: dict[str, Any], pre: dict[str, Any] | None, normalizer: Normalizer | None) -> TokenModel:

@@ -61,13 +61,13 @@ def test_tokenizer_is_carried_over(hf_gpt2):
 
 def test_errors_are_one_line_with_exit_code_2(tmp_path, capsys):
     assert main(["convert", str(tmp_path / "missing"), str(tmp_path / "out")]) == 2
-    (tmp_path / "llama").mkdir()
-    (tmp_path / "llama" / "config.json").write_text(json.dumps({"model_type": "llama",
-                                                                "architectures": ["LlamaForCausalLM"]}))
-    (tmp_path / "llama" / "model.safetensors").write_bytes(b"")
-    assert main(["convert", str(tmp_path / "llama"), str(tmp_path / "out")]) == 2
+    (tmp_path / "neox").mkdir()
+    (tmp_path / "neox" / "config.json").write_text(json.dumps({"model_type": "gpt_neox",
+                                                                "architectures": ["GPTNeoXForCausalLM"]}))
+    (tmp_path / "neox" / "model.safetensors").write_bytes(b"")
+    assert main(["convert", str(tmp_path / "neox"), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert "unsupported architecture 'LlamaForCausalLM'" in err
+    assert "unsupported architecture 'GPTNeoXForCausalLM'" in err
     assert not (tmp_path / "out").exists()
 
 

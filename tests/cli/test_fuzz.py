@@ -197,9 +197,9 @@ def _build_world(root: Path) -> World:
     model_folder("truncated_tokenizer", w.models["lm"])
     _truncate(bad / "truncated_tokenizer" / "tokenizer.json")
     model_folder("tokenizer_only", w.models["tok"])
-    model_folder("hf_llama", **{"config.json": json.dumps({"model_type": "llama",
-                                                           "architectures": ["LlamaForCausalLM"]}),
-                                "model.safetensors": garbage})
+    model_folder("hf_neox", **{"config.json": json.dumps({"model_type": "gpt_neox",
+                                                          "architectures": ["GPTNeoXForCausalLM"]}),
+                               "model.safetensors": garbage})
     model_folder("hf_gpt2_pickle", **{"config.json": json.dumps({"model_type": "gpt2",
                                                                  "architectures": ["GPT2LMHeadModel"]}),
                                       "pytorch_model.bin": garbage})
@@ -738,7 +738,7 @@ def _broken_cases():
     bad = "bad"  # paths relative to the world's root, filled in by the test
     folders = ["missing", "folder", "garbage.txt", "truncated_model", "garbage_weights", "latin1_config",
                "garbage_config", "list_config", "config_is_a_folder", "latin1_tokenizer", "truncated_tokenizer",
-               "tokenizer_only", "hf_llama", "hf_gpt2_pickle", "run_config_only", "truncated_run", "garbage_index",
+               "tokenizer_only", "hf_neox", "hf_gpt2_pickle", "run_config_only", "truncated_run", "garbage_index",
                "list_state"]
     files = ["missing.txt", "folder", "empty.txt/below-a-file.json"] + [
         f"{name}{suffix}" for name in ("empty", "garbage", "latin1") for suffix in (".txt", ".json", ".yaml", ".csv")]

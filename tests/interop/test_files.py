@@ -41,8 +41,8 @@ def test_unsupported_architecture_is_named(tmp_path):
     with pytest.raises(ValueError, match="unsupported architecture 'RobertaModel'"):
         from_hf(transformers.RobertaModel(cfg))
     (tmp_path / "m").mkdir()
-    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
-    with pytest.raises(ValueError, match="LlamaForCausalLM"):
+    (tmp_path / "m" / "config.json").write_text(json.dumps({"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"]}))
+    with pytest.raises(ValueError, match="GPTNeoXForCausalLM"):
         from_hf(tmp_path / "m")
     assert "T5ForConditionalGeneration" in supported_architectures()
 

@@ -205,10 +205,10 @@ def test_online_the_right_repository_revision_and_files_are_downloaded(hub_env, 
 
 def test_online_an_unsupported_architecture_is_refused_before_any_weights(hub_env, gpt2_repo, monkeypatch):
     files = _hub_repo(gpt2_repo[1])
-    files["config.json"] = json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}).encode()
+    files["config.json"] = json.dumps({"model_type": "gpt_neox", "architectures": ["GPTNeoXForCausalLM"]}).encode()
     fake = RecordingHub(files)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
-    with pytest.raises(HubError, match=r"hf:.*: architecture 'LlamaForCausalLM' is not one attnlab converts"):
+    with pytest.raises(HubError, match=r"hf:.*: architecture 'GPTNeoXForCausalLM' is not one attnlab converts"):
         hub_folder(f"hf:{REPO}")
     assert [c["allow_patterns"] for c in fake.calls] == [CONFIG_FILES]
 

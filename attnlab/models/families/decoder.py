@@ -45,5 +45,5 @@ DECODER = Family(
     build=build, batch_loss=batch_loss, features=features,
     stage_inputs={"attention_mask": "input", "prefix_lengths": None, "document_ids": "input"},
     stacks=lambda cfg: (("", cfg.num_layers),),
-    decoding="prompt", hf_model_types=("gpt2",),
+    decoding="prompt", hf_model_types=("gpt2", "llama", "mistral", "qwen2"),
 )
