@@ -114,7 +114,7 @@ def hf_export(model: nn.Module, family: str | None = None, *,
         model: a model from `build_model` (it carries `model.config`).
         family: `gpt2`, `llama`, `mistral`, `qwen2`, `bert`, `bart`, `marian` or `t5`; None
             picks by the config (decoder with rotary positions -> Mistral with the
-            sliding_window kernel, Qwen2 with attention biases, Llama otherwise; other decoders
+            sliding-window kernel, Qwen2 with attention biases, Llama otherwise; other decoders
             -> GPT-2; encoder -> BERT; encoder-decoder by position scheme: t5_bias -> T5,
             sinusoidal -> Marian, learned -> BART).
         tokenizer: the model's attnlab tokenizer, whose bos/eos ids the config records;

@@ -125,8 +125,8 @@ class LlamaLayout:
     def matches(self, cfg: ModelConfig) -> bool:
         """Whether `cfg` looks like this family (picks the family in `to_hf`): a decoder with
         rotary positions, RMSNorm and a gated feed-forward; Mistral when it uses the sliding
-        window, Qwen2 when its attention has biases and its feed-forward none, Llama otherwise (`family="llama"` exports a Qwen2-like
-        config with its out_proj bias)."""
+        window, Qwen2 when its attention has biases and its feed-forward none, Llama otherwise
+        (`family="llama"` exports a Qwen2-like config with its out_proj bias)."""
         if self.MODEL_TYPE not in family(cfg).hf_model_types:
             return False
         if cfg.position.scheme != "rotary" or cfg.norm != "rmsnorm" or cfg.activation not in _ACT_TO_HF:

@@ -40,7 +40,8 @@ def test_config_allows_exactly_the_registered_kernels():
 def test_no_kernel_name_outside_its_file_the_registry_and_the_config_docs():
     # the default kernels' names (auto, eager, sdpa) are ordinary words of the docs and the CLI
     specific = [n for n in KERNELS if n not in ("auto", "eager", "sdpa")]
-    allowed = {ROOT / "nn/kernels/__init__.py", ROOT / "config/model.py"}
+    # interop/llama.py maps Mistral's config onto a kernel, and Hugging Face names its own field sliding_window
+    allowed = {ROOT / "nn/kernels/__init__.py", ROOT / "config/model.py", ROOT / "interop/llama.py"}
     found = []
     for path in ROOT.rglob("*.py"):
         text = path.read_text(encoding="utf-8")
