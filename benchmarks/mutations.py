@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -207,18 +208,23 @@ def run_pytest(tree: Path, target: str, timeout: float, *, stop_first: bool, mar
     cmd += [f"--deselect={d}" for d in deselect]
     env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
     start = time.perf_counter()
+    # its own session, so a timeout ends the workers a test started (tests/parallel spawns some) too
+    proc = subprocess.Popen(cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=timeout)
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         return {"status": "timeout", "failing": [], "seconds": round(time.perf_counter() - start, 1)}
     seconds = round(time.perf_counter() - start, 1)
-    failing = [m.group(2) for m in _FAILED.finditer(proc.stdout)]
+    failing = [m.group(2) for m in _FAILED.finditer(stdout)]
     if proc.returncode == 0:
         return {"status": "passed", "failing": [], "seconds": seconds}
     if proc.returncode == 5:  # nothing collected (everything deselected or marked)
         return {"status": "no tests", "failing": [], "seconds": seconds}
     if not failing:  # a crash before any test (import error in conftest, usage error)
-        failing = [proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else proc.stderr.strip()[-200:]]
+        failing = [stdout.strip().splitlines()[-1] if stdout.strip() else stderr.strip()[-200:]]
     return {"status": "failed", "failing": failing, "seconds": seconds}
 
 

@@ -1,9 +1,12 @@
 """benchmarks/mutations.py: every planted bug still finds its snippet exactly once in the tree (a
 refactor that moves the code fails here, naming the entry to update), each points at its module's
-own test folder, and one planted bug is caught by a failing test and missed by a passing one."""
+own test folder, one planted bug is caught by a failing test and missed by a passing one, and a hung
+run times out with its workers ended."""
 
 import importlib.util
+import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -81,3 +84,26 @@ def test_unknown_ids_are_refused(mutations, capsys):
     with pytest.raises(SystemExit):
         mutations.main(["--only", "no-such-bug", "--list"])
     assert "no-such-bug" in capsys.readouterr().err
+
+
+def test_a_run_past_its_timeout_is_reported_and_its_workers_ended(mutations, tmp_path):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "mod.py").write_text("SLEEP = 0\n")
+    (tmp_path / "tests" / "test_hang.py").write_text(
+        "import subprocess, sys, time\nfrom mod import SLEEP\n\n\ndef test_hang(tmp_path_factory):\n"
+        "    worker = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+        f"    open({str(tmp_path / 'worker.pid')!r}, 'w').write(str(worker.pid))\n"
+        "    time.sleep(SLEEP)\n")
+    hang = mutations.Mutation("hang", "mod.py", "SLEEP = 0", "SLEEP = 60", "", "tests")
+    res = mutations.run_one(tmp_path, hang, "tests", 5, "not slow", (), {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})
+    assert res["result"] == "timeout" and res["seconds"] < 30
+    pid = int((tmp_path / "worker.pid").read_text())
+    for _ in range(50):  # the orphaned worker is reaped by init shortly after the kill
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the test's worker {pid} outlived the timeout")
+    assert (tmp_path / "mod.py").read_text() == "SLEEP = 0\n"
