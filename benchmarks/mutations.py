@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -285,50 +286,71 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     marker = "" if args.slow else "not slow"
-    target_of = (lambda m: "tests") if args.full else (lambda m: m.folder)
-    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    with tempfile.TemporaryDirectory(prefix="attnlab-mutations-") as tmp:
-        trees = []
-        for i in range(min(args.jobs, len(chosen))):
-            trees.append(Path(tmp) / f"tree{i}")
-            copy_tree(ROOT, trees[-1])
-        # the unmutated baseline of each folder: its failures are deselected, so they cannot count as catches
-        baseline = {}
-        for target in dict.fromkeys(map(target_of, chosen)):
-            res = run_pytest(trees[0], target, args.timeout, stop_first=False, marker=marker)
-            baseline[target] = res
-            print(f"baseline {target}: {res['status']} ({len(res['failing'])} failing, {res['seconds']} s)",
-                  file=sys.stderr)
-
-        def work(job: tuple[int, Mutation]) -> dict:
-            i, m = job
-            tree = trees[i % len(trees)]  # with --jobs N, mutation i runs in copy i mod N ...
-            target = target_of(m)
-            r = run_one(tree, m, target, args.timeout, marker, tuple(baseline[target]["failing"]))
-            print(f"{r['result']:7} {m.id} ({r['seconds']} s) {r['first_failure'] or ''}", file=sys.stderr)
-            return r
-
-        # ... and each copy takes its mutations in turn, so no two runs share a tree
-        lanes = [[(i, m) for i, m in enumerate(chosen) if i % len(trees) == lane] for lane in range(len(trees))]
-        with ThreadPoolExecutor(len(trees)) as pool:
-            by_lane = list(pool.map(lambda jobs: [work(j) for j in jobs], lanes))
-        results = sorted((r for lane in by_lane for r in lane), key=lambda r: [m.id for m in chosen].index(r["id"]))
-
-    report = {"started": started, "full": args.full, "marker": marker or None, "timeout": args.timeout,
-              "baseline": baseline, "mutations": results,
-              "summary": {k: [r["id"] for r in results if r["result"] == k] for k in ("caught", "missed", "timeout")},
-              "list": [asdict(m) for m in chosen]}
-    text = json.dumps(report, indent=2)
-    if args.out:
-        sys.path.insert(0, str(ROOT))
-        from attnlab.io.files import atomic_write_bytes
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(args.out, (text + "\n").encode())
-    print(text)
+    report = run_all(chosen, full=args.full, marker=marker, timeout=args.timeout, jobs=args.jobs, out=args.out)
+    print(json.dumps(report, indent=2))
     if args.markdown:
         print()
         print(markdown(report))
     return 1 if report["summary"]["missed"] else 0
+
+
+def tree_version(root: Path = ROOT) -> str:
+    """HEAD's commit, with "+changes" when the working tree differs from it."""
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True, text=True).stdout.strip()
+    return head + ("+changes" if dirty else "")
+
+
+def run_all(chosen: list[Mutation], *, full: bool, marker: str, timeout: float, jobs: int,
+            out: Path | None, root: Path = ROOT) -> dict:
+    """Baselines, then every mutation, in copies of the working tree at `root`; the report
+    (written to `out` after each mutation, with "complete": false until the last, so a long run
+    can be read while it goes)."""
+    target_of = (lambda m: "tests") if full else (lambda m: m.folder)
+    head = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "tree": tree_version(root),
+            "full": full, "marker": marker or None, "timeout": timeout}
+    results: list[dict] = []
+    lock = threading.Lock()
+
+    def report(complete: bool) -> dict:
+        order = [m.id for m in chosen]
+        done = sorted(results, key=lambda r: order.index(r["id"]))
+        return {**head, "complete": complete, "baseline": baseline, "mutations": done,
+                "summary": {k: [r["id"] for r in done if r["result"] == k] for k in ("caught", "missed", "timeout")},
+                "list": [asdict(m) for m in chosen]}
+
+    def save(complete: bool) -> None:
+        if out is not None:
+            sys.path.insert(0, str(ROOT))
+            from attnlab.io.files import atomic_write_bytes
+            out.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(out, (json.dumps(report(complete), indent=2) + "\n").encode())
+
+    with tempfile.TemporaryDirectory(prefix="attnlab-mutations-") as tmp:
+        trees = []
+        for i in range(min(jobs, len(chosen))):
+            trees.append(Path(tmp) / f"tree{i}")
+            copy_tree(root, trees[-1])
+        # the unmutated baseline of each folder: its failures are deselected, so they cannot count as catches
+        baseline = {}
+        for target in dict.fromkeys(map(target_of, chosen)):
+            baseline[target] = res = run_pytest(trees[0], target, timeout, stop_first=False, marker=marker)
+            print(f"baseline {target}: {res['status']} ({len(res['failing'])} failing, {res['seconds']} s)",
+                  file=sys.stderr)
+
+        def lane(jobs_: list[Mutation], tree: Path) -> None:
+            for m in jobs_:  # one tree per lane: no two runs share a copy
+                target = target_of(m)
+                r = run_one(tree, m, target, timeout, marker, tuple(baseline[target]["failing"]))
+                print(f"{r['result']:7} {m.id} ({r['seconds']} s) {r['first_failure'] or ''}", file=sys.stderr)
+                with lock:
+                    results.append(r)
+                    save(False)
+
+        with ThreadPoolExecutor(len(trees)) as pool:
+            list(pool.map(lane, [chosen[k::len(trees)] for k in range(len(trees))], trees))
+    save(True)
+    return report(True)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ own test folder, one planted bug is caught by a failing test and missed by a pas
 run times out with its workers ended."""
 
 import importlib.util
+import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -107,3 +109,22 @@ def test_a_run_past_its_timeout_is_reported_and_its_workers_ended(mutations, tmp
     else:
         pytest.fail(f"the test's worker {pid} outlived the timeout")
     assert (tmp_path / "mod.py").read_text() == "SLEEP = 0\n"
+
+
+def test_a_whole_run_deselects_what_fails_unmutated_and_writes_its_report(mutations, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    repo = tmp_path / "repo"
+    (repo / "tests").mkdir(parents=True)
+    (repo / "mod.py").write_text("A = 1\nB = 1\n")
+    (repo / "tests" / "test_mod.py").write_text(
+        "from mod import A, B\n\n\ndef test_a():\n    assert A == 1\n\n\ndef test_broken():\n    assert B == 2\n")
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    entries = [mutations.Mutation("a", "mod.py", "A = 1", "A = 2", "", "tests"),
+               mutations.Mutation("b", "mod.py", "B = 1", "B = 3", "", "tests")]
+    out = tmp_path / "report.json"
+    report = mutations.run_all(entries, full=False, marker="not slow", timeout=120, jobs=2, out=out, root=repo)
+    assert report["baseline"]["tests"]["failing"] == ["tests/test_mod.py::test_broken"]
+    # b breaks only the test that already failed: deselected, it cannot count as a catch
+    assert report["summary"] == {"caught": ["a"], "missed": ["b"], "timeout": []}
+    assert json.loads(out.read_text()) == {**report, "complete": True}
+    assert (repo / "mod.py").read_text() == "A = 1\nB = 1\n"
