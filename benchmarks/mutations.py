@@ -77,7 +77,7 @@ MUTATIONS: list[Mutation] = [
       "torch.cat((-half2, half1), dim=-1) * sin", "torch.cat((half2, -half1), dim=-1) * sin",
       "rotary rotates the other way (still relative, but not the published rotation)", "tests/nn"),
     M("rotary-base-dropped", "attnlab/nn/positions.py",
-      "RotaryEmbedding(s.head_dim, p.rotary_dim, p.rotary_base)", "RotaryEmbedding(s.head_dim, p.rotary_dim)",
+      "RotaryEmbedding(s.head_dim, p.rotary_dim, p.rotary_base,", "RotaryEmbedding(s.head_dim, p.rotary_dim, 10000.0,",
       "the configured rotary base never reaches the layers (always 10000)", "tests/nn"),
     M("alibi-slope-heads", "attnlab/nn/positions.py",
       "start = 2 ** (-8 / n)", "start = 2 ** (-8 / num_heads)",
