@@ -45,6 +45,21 @@ def test_rotary_equals_the_formula(head_dim, rotary_dim, base):
     assert torch.equal(got[..., r:], x[..., r:])  # features past rotary_dim untouched, bit for bit
 
 
+def test_the_rotary_scheme_builds_its_module_from_the_configured_base_and_dim():
+    """POSITION_SCHEMES["rotary"] is how a config's `position` section becomes each layer's rotation:
+    its rotary_base and rotary_dim must reach the module (a dropped base rotates by 10000's)."""
+    from attnlab.config.model import PositionConfig
+    from attnlab.nn.positions import POSITION_SCHEMES, Sizes
+
+    options = PositionConfig(scheme="rotary", rotary_base=500.0, rotary_dim=4)
+    rope = POSITION_SCHEMES["rotary"].build(options, Sizes(16, 2, 8, True))
+    torch.manual_seed(2)
+    x = torch.randn(1, 2, 4, 8)
+    positions = [0, 3, 17, 90]
+    expected = rotary_formula(x, positions, 4, 500.0)
+    torch.testing.assert_close(rope.rotate(x, torch.tensor([positions])).double(), expected, atol=2e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("base", [10000.0, 500.0])
 def test_rotary_equals_transformers_llama(base):
     from transformers import LlamaConfig
