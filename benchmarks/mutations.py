@@ -148,8 +148,9 @@ MUTATIONS: list[Mutation] = [
       "tests/decoding"),
     # ---- inspect ----
     M("entropy-counts-masked-rows", "attnlab/inspect/heads.py",
-      "real = w.sum(-1) > 0  # all-masked query rows are 0", "real = torch.ones_like(w[..., 0], dtype=torch.bool)",
-      "attention entropy averages in the all-masked query rows (entropy 0), lowering padded inputs' scores",
+      "real = real & (w.sum((1, 2)) > 0)[:, None, :]", "real = real",
+      "attention entropy averages in padded query rows (they still attend to the real keys), so a padded batch "
+      "scores unlike its rows alone",
       "tests/inspect"),
     # ---- training ----
     M("accumulation-equal-shares", "attnlab/training/strategy/base.py",
