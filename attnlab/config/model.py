@@ -333,6 +333,12 @@ class ModelConfig:
         `regression` (one number per sequence, (B,), pooled like classification),
         `none` (hidden states). None picks `lm` for decoders and encoder-decoders, `none`
         for encoders.
+
+    The Llama family (Llama, Mistral, Qwen2; docs/how-to/llama.md) is a `decoder` with
+    `norm: rmsnorm`, `norm_placement: pre`, `activation: swiglu`, `ffn_bias: false`,
+    `position.scheme: rotary` (`rotary_base`, `rotary_scaling`), `attention.num_kv_heads` for
+    grouped-query attention and `tie_embeddings` as the checkpoint has it; Mistral adds
+    `attention.kernel: sliding_window`, Qwen2 `attention.bias: true`.
     """
 
     arch: str = "decoder"
