@@ -177,6 +177,20 @@ def _shapes(cfg: TrainConfig) -> dict[str, tuple[int, ...]]:
     return {name: tuple(t.shape) for name, t in model.state_dict().items()}
 
 
+# the launcher's flags (attnlab.parallel.launch: passed on to torchrun); also accepted after CONFIG
+LAUNCH_FLAGS = (
+    ("--nproc", "N", "processes on this machine: re-launches itself under torchrun (gloo on CPU, NCCL on GPU); data "
+                     "parallel, or the config's parallel section (tp x pp x dp = N x M); also accepted after CONFIG, "
+                     "as are the flags below"),
+    ("--nnodes", "M", "machines of the run, each running this command with the same --rdzv-endpoint (default 1)"),
+    ("--rdzv-endpoint", "HOST:PORT", "with --nnodes > 1: where the machines meet before starting, the first "
+                                     "machine's host name or address and a port open to the others (e.g. node0:29500)"),
+    ("--node-rank", "R", "this machine's number, 0 to M-1, 0 being the machine at HOST (torchrun's static "
+                         "rendezvous); left out, the machines are numbered as they meet (c10d)"),
+    ("--rdzv-id", "NAME", "the name the machines meet under, the same on each (default: $SLURM_JOB_ID, else attnlab)"),
+)
+
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("train", help="train a model from a YAML/JSON run config", description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -185,21 +199,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                           "runs/shakespeare-char")
     parser.add_argument("config", nargs="?",
                         help="run config (.yaml, .yml or .json), or a run folder (or its config.json) to rebuild")
-    parser.add_argument("--nproc", metavar="N",
-                        help="processes on this machine: re-launches itself under torchrun (gloo on CPU, NCCL on "
-                             "GPU); data parallel, or the config's parallel section (tp x pp x dp = N x M); also "
-                             "accepted after CONFIG, as are the flags below")
-    parser.add_argument("--nnodes", metavar="M",
-                        help="machines of the run, each running this command with the same --rdzv-endpoint (default 1)")
-    parser.add_argument("--rdzv-endpoint", metavar="HOST:PORT",
-                        help="with --nnodes > 1: where the machines meet before starting, the first machine's host "
-                             "name or address and a port open to the others (e.g. node0:29500)")
-    parser.add_argument("--node-rank", metavar="R",
-                        help="this machine's number, 0 to M-1, 0 being the machine at HOST (torchrun's static "
-                             "rendezvous); left out, the machines are numbered as they meet (c10d)")
-    parser.add_argument("--rdzv-id", metavar="NAME",
-                        help="the name the machines meet under, the same on each (default: $SLURM_JOB_ID, else "
-                             "attnlab)")
+    for flag, metavar, text in LAUNCH_FLAGS:
+        parser.add_argument(flag, metavar=metavar, help=text)
     parser.add_argument("--resume", nargs=argparse.REMAINDER, metavar="RUN_DIR",
                         help="continue the run in RUN_DIR from its saved config and latest checkpoint: attnlab "
                              "train --resume RUN_DIR [--SECTION.FIELD VALUE ...]; after CONFIG, continue CONFIG's run")

@@ -245,3 +245,15 @@ def matcher(model_type: str, scheme: str | None = None) -> Callable[[Any], bool]
         return model_type in family(cfg).hf_model_types and (scheme is None or cfg.position.scheme == scheme)
 
     return matches
+
+
+def lm_head(cfg: Any, embeddings: str, rules: list, derived: list) -> None:
+    """A decoder's LM head into a conversion: tied to the token `embeddings` (Hugging Face's
+    `lm_head.weight` derived from them) or its own weight, `head.proj.weight`; nothing for a model
+    without an LM head."""
+    if cfg.head != "lm":
+        return
+    if cfg.tie_embeddings:
+        derived.append(copy_of("lm_head.weight", embeddings))
+    else:
+        rules.append(rename("lm_head.weight", "head.proj.weight"))

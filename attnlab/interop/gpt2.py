@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 from attnlab.config import ModelConfig
-from attnlab.interop.common import (Conversion, Derived, copy_of, flat_config, hf_get, rename, require,
-                                    transposed, matcher)
+from attnlab.interop.common import (Conversion, Derived, flat_config, hf_get, rename, require,
+                                    lm_head, matcher, transposed)
 
 FAMILY = "GPT-2"
 MODEL_TYPE = "gpt2"
@@ -118,9 +118,5 @@ def conversion(cfg: ModelConfig, architecture: str) -> Conversion:
         # causal-mask buffers that older checkpoints carry: bookkeeping, not weights
         derived += [Derived(f"{h}attn.bias"), Derived(f"{h}attn.masked_bias")]
     rules += [rename(f"{p}ln_f.weight", "final_norm.weight"), rename(f"{p}ln_f.bias", "final_norm.bias")]
-    if cfg.head == "lm":
-        if cfg.tie_embeddings:
-            derived.append(copy_of("lm_head.weight", f"{p}wte.weight"))
-        else:
-            rules.append(rename("lm_head.weight", "head.proj.weight"))
+    lm_head(cfg, f"{p}wte.weight", rules, derived)
     return Conversion(rules, derived)

@@ -38,7 +38,8 @@ import torch
 from torch import Tensor
 
 from attnlab.config import ModelConfig
-from attnlab.interop.common import Conversion, Derived, Rule, copy_of, flat_config, hf_get, joined, rename, require
+from attnlab.interop.common import (Conversion, Derived, Rule, flat_config, hf_get, joined, lm_head, rename,
+                                    require)
 from attnlab.models.families import family
 
 _ACT_FROM_HF = {"silu": "swiglu", "swish": "swiglu", "gelu": "geglu", "gelu_pytorch_tanh": "geglu_tanh",
@@ -210,11 +211,7 @@ class LlamaLayout:
             derived.append(Derived(f"{a}rotary_emb.inv_freq"))  # older checkpoints' fixed table
         rules.append(rename(f"{p}norm.weight", "final_norm.weight"))
         derived.append(Derived(f"{p}rotary_emb.inv_freq"))
-        if cfg.head == "lm":
-            if cfg.tie_embeddings:
-                derived.append(copy_of("lm_head.weight", f"{p}embed_tokens.weight"))
-            else:
-                rules.append(rename("lm_head.weight", "head.proj.weight"))
+        lm_head(cfg, f"{p}embed_tokens.weight", rules, derived)
         return Conversion(rules, derived)
 
 
