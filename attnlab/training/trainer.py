@@ -175,9 +175,6 @@ class Trainer:
         """The hooks of a split model (tp / pp), None otherwise."""
         return getattr(self.strategy, "hooks", None)
 
-    def _own_rng(self):
-        return self.random.own()
-
     # ---------------------------------------------------------------- checkpoints
     def save(self, metric: float | None = None) -> Path:
         """A checkpoint of this step (the whole model: a split one sent to rank 0, which writes; the others wait)."""
@@ -293,7 +290,6 @@ class Trainer:
 
     def _fit(self, resume: bool, stop_at: int | None, on_step: Callable[[dict[str, Any]], None] | None) -> dict:
         run = self.config.train
-        self.out.mkdir(parents=True, exist_ok=True)
         if resume and not self.resume():
             warnings.warn(f"resume: {self.checkpoint_dir} holds no checkpoint; the run starts from step 0",
                           stacklevel=3)

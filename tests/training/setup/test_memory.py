@@ -55,7 +55,7 @@ def watch():  # activations are held from forward to backward: sampling every ha
 before = anonymous()
 watcher = threading.Thread(target=watch)
 watcher.start()
-with trainer._own_rng():
+with trainer.random.own():
     trainer._train_step()
 done.set()
 watcher.join()
