@@ -13,7 +13,8 @@ only the paths that reach the receivers, in three forwards per sender head h:
 Receivers are hook points, optionally restricted to some heads: a later head's query input
 (`{"layers.3.self_attn.hook_q": [1]}`), its keys or values, or the final stream (`"hook_final"`,
 or the last layer's `hook_resid_post`): with every head but h frozen, the change there is h's own
-output, so the score is h's direct effect. The score is `normalised_score`: 1 = the clean metric
+output, so the score is h's direct effect (in a pre-norm model, whose stream is a sum; under
+post-norm each layer renormalises the stream, and the paths are no longer a sum). The score is `normalised_score`: 1 = the clean metric
 (no effect through the receivers), 0 = as bad as the corrupted input.
 
     result = path_patching(model, clean, corrupted, logit_diff(mary, john), {"layers.3.self_attn.hook_q": None})
