@@ -1,5 +1,5 @@
-"""`attnlab inspect`: look inside models — attention maps, cost, gradient flow, rank collapse,
-kernel regression."""
+"""`attnlab inspect`: look inside models — attention maps, activation patching, cost, gradient flow,
+rank collapse, kernel regression."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import re
 
 from attnlab.cli.argtypes import positive_float, positive_int
+from attnlab.cli.inspect_patch import add_patch_parser
 
 
 def _safe(name: str) -> str:
@@ -304,6 +305,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="with --html: run and show at most N tokens per text; a longer one is cut to its first N "
                         "tokens, and the page says so (default 512)")
     p.set_defaults(func=_attention)
+
+    add_patch_parser(sub)  # attnlab/cli/inspect_patch.py
 
     p = sub.add_parser("cost", help="parameters, FLOPs and activation memory per module",
                        epilog="example: attnlab inspect cost vaswani-base --seq-len 4096")
