@@ -130,7 +130,8 @@ def add_patch_parser(sub: argparse._SubParsersAction) -> None:
                               'it to" --corrupted "When Mary and John went, Mary gave it to" --target " Mary" '
                               '--wrong " John" --over resid --out patching',
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="a folder written by attnlab.save(model, path, tokenizer=...)")
+    p.add_argument("checkpoint", help="a model folder (attnlab.save(model, path, tokenizer=...)), an attnlab train run "
+                                      "folder (its best checkpoint) or one of its checkpoints")
     p.add_argument("--clean", required=True, help="the clean text (the source of an encoder-decoder)")
     p.add_argument("--corrupted", required=True, help="the corrupted text, the same number of tokens as --clean")
     p.add_argument("--target", required=True, help="the token the clean run should predict (a vocabulary token, "
