@@ -3,13 +3,15 @@ pages and patch.json, whose first-layer row restores the clean metric exactly at
 position; a recurrent model's memory and alignment; errors named by flag, nothing written."""
 
 import json
+import math
 import os
 
 import pytest
+import torch
 
 from attnlab import ModelConfig, build_model
 from attnlab.cli.main import main
-from attnlab.interop.serialization import save
+from attnlab.interop.serialization import load, save
 from attnlab.tokenizers import Tokenizer
 
 TEXTS = ["the cat sat on the mat", "a dog ran in the park"]
@@ -57,6 +59,11 @@ def test_patch_cli_one_changed_token_restores_exactly(tmp_path):
     sweep = json.loads((out / "patch.json").read_text())["sweeps"]["resid"]
     first = sweep["values"][0]
     assert first[4] == sweep["clean"] and sweep["clean"] != sweep["corrupted"]
+    model, tok = load(ckpt, with_tokenizer=True)
+    with torch.no_grad():  # "clean" is the clean text's log p(target), computed here without the command
+        for text, key in (("the cat", "clean"), ("the mat", "corrupted")):
+            logp = model.eval()(torch.tensor([tok.encode(text)]))[0, -1].double().log_softmax(-1)
+            assert math.isclose(sweep[key], float(logp[tok.encode("s")[0]]), rel_tol=0, abs_tol=1e-6)
     assert all(first[p] == sweep["corrupted"] for p in range(7) if p != 4)
 
 
