@@ -1,7 +1,9 @@
 """Instruments to look inside models: any activation by name (hooks, run_with_cache), attention maps, head importance and pruning, gradient flow
 through time, rank collapse, cost counters, attention as kernel regression. Plots (PNG) need
-matplotlib, imported only when a plot is drawn."""
+matplotlib, imported only when a plot is drawn. Patching and ablation (patching, path_patching,
+ablation) say which activations carry the difference between a clean and a corrupted input."""
 
+from attnlab.inspect.ablation import AblationResult, ablate
 from attnlab.inspect.attention_maps import AttentionRecord, attention_maps, attention_modules, capture_attention
 from attnlab.inspect.cost import CostRow, cost_table, crossover_seq_len
 from attnlab.inspect.gradient_flow import gradient_flow, source_gradient_norms, state_gradient_norms
@@ -9,6 +11,9 @@ from attnlab.inspect.heads import (attention_entropy, head_importance, head_mask
                                    pruning_curve)
 from attnlab.inspect.hooks import ActivationCache, hooks, run_with_cache
 from attnlab.inspect.kernel_regression import nadaraya_watson
+from attnlab.inspect.path_patching import path_patching
+from attnlab.inspect.patching import (PatchResult, activation_patching, logit_diff, normalised_score, target_logprob,
+                                      target_prob)
 from attnlab.inspect.rank_collapse import rank_collapse, relative_residual
 
 __all__ = [
@@ -16,4 +21,7 @@ __all__ = [
     "capture_attention", "cost_table", "crossover_seq_len", "gradient_flow", "head_importance", "head_mask", "hooks",
     "mask_from_heads", "nadaraya_watson", "prune_heads", "pruning_curve", "rank_collapse", "relative_residual",
     "run_with_cache", "source_gradient_norms", "state_gradient_norms",
+    # patching and ablation
+    "AblationResult", "PatchResult", "ablate", "activation_patching", "logit_diff", "normalised_score", "path_patching",
+    "target_logprob", "target_prob",
 ]

@@ -115,4 +115,4 @@ def _source(model: nn.Module, method: str, inputs: tuple[Tensor, ...], ref: tupl
     if generator is None:
         generator = torch.Generator().manual_seed(0)
     rows = torch.randint(ref[0].shape[0], (inputs[0].shape[0],), generator=generator)  # the reference row of each row
-    return lambda name: lambda k, a: ref_calls[name][k][rows]
+    return lambda name: lambda k, a: ref_calls[name][k][rows.to(a.device)]

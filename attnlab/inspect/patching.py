@@ -49,8 +49,8 @@ DIRECTIONS = ("denoise", "noise")
 
 # ---- metrics: the model's output -> one number (the mean over the batch) ----
 
-def _rows(token: int | Sequence[int] | Tensor, batch: int, vocab: int, name: str) -> Tensor:
-    """`token` as (B,) ids: one id for every row, or one per row."""
+def _rows(token: int | Sequence[int] | Tensor, batch: int, vocab: int, name: str, device: torch.device) -> Tensor:
+    """`token` as (B,) ids on `device`: one id for every row, or one per row."""
     ids = torch.as_tensor(token).reshape(-1)
     if ids.is_floating_point() or ids.dtype == torch.bool:
         raise ValueError(f"{name} must be token ids (int), got {ids.dtype}")
@@ -60,7 +60,7 @@ def _rows(token: int | Sequence[int] | Tensor, batch: int, vocab: int, name: str
         raise ValueError(f"{name} must be one token id or one per batch row ({batch}), got {ids.numel()}")
     if bool((ids < 0).any() or (ids >= vocab).any()):
         raise ValueError(f"{name} holds ids outside the vocabulary 0..{vocab - 1}: {ids.tolist()}")
-    return ids.long()
+    return ids.long().to(device)
 
 
 def _logits_at(output: Any, position: int) -> Tensor:
@@ -85,9 +85,9 @@ def logit_diff(correct: int | Sequence[int] | Tensor, wrong: int | Sequence[int]
     """
     def metric(logits: Tensor) -> Tensor:
         z = _logits_at(logits, position)
-        rows = torch.arange(z.shape[0])
-        good = _rows(correct, z.shape[0], z.shape[1], "correct")
-        bad = _rows(wrong, z.shape[0], z.shape[1], "wrong")
+        rows = torch.arange(z.shape[0], device=z.device)
+        good = _rows(correct, z.shape[0], z.shape[1], "correct", z.device)
+        bad = _rows(wrong, z.shape[0], z.shape[1], "wrong", z.device)
         return (z[rows, good] - z[rows, bad]).mean()
 
     return metric
@@ -97,7 +97,7 @@ def target_logprob(target: int | Sequence[int] | Tensor, *, position: int = -1) 
     """The metric log p(target) at `position` (log-softmax of the logits), averaged over the batch."""
     def metric(logits: Tensor) -> Tensor:
         z = _logits_at(logits, position).log_softmax(-1)
-        return z[torch.arange(z.shape[0]), _rows(target, z.shape[0], z.shape[1], "target")].mean()
+        return z[torch.arange(z.shape[0], device=z.device), _rows(target, z.shape[0], z.shape[1], "target", z.device)].mean()
 
     return metric
 
@@ -106,7 +106,7 @@ def target_prob(target: int | Sequence[int] | Tensor, *, position: int = -1) -> 
     """The metric p(target) at `position`, averaged over the batch."""
     def metric(logits: Tensor) -> Tensor:
         p = _logits_at(logits, position).softmax(-1)
-        return p[torch.arange(p.shape[0]), _rows(target, p.shape[0], p.shape[1], "target")].mean()
+        return p[torch.arange(p.shape[0], device=p.device), _rows(target, p.shape[0], p.shape[1], "target", p.device)].mean()
 
     return metric
 

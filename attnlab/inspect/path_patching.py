@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from attnlab.inspect.hooks import hooks, select_points
+from attnlab.nn.hook_points import hook_points
 from attnlab.inspect.patching import (Inputs, Metric, PatchResult, as_inputs, check_same_shapes, recorded,
                                       replacing, score)
 
@@ -83,7 +84,7 @@ def path_patching(model: nn.Module, clean: Inputs, corrupted: Inputs, metric: Me
     except ValueError:
         raise ValueError(f"path patching needs per-head outputs (hook_z points); {type(model).__name__} has none") from None
     targets = _receivers(model, receivers)
-    ffn_names = list(select_points(model, "*hook_ffn_out")) if freeze_ffn else []
+    ffn_names = [n for n in hook_points(model) if n.endswith("hook_ffn_out")] if freeze_ffn else []  # none: attention-only
     modules = [n.rsplit(".", 1)[0] for n in z_names]
     with torch.no_grad():
         clean_out, clean_calls = recorded(model, clean_in, z_names + ffn_names, kwargs)
