@@ -62,7 +62,7 @@ def _attention(cfg: ModelConfig, *, self_attention: bool, causal: bool = False, 
 def transformer_layers(cfg: ModelConfig, n: int, *, cross: bool, causal: bool = False,
             token_ids: TokenIds | None = None) -> list[TransformerLayer]:
     norm = partial(make_norm, cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
-    return [
+    layers = [
         TransformerLayer(
             _attention(cfg, self_attention=True, causal=causal, layer=i, token_ids=token_ids),
             _feed_forward(cfg, i),
@@ -71,10 +71,34 @@ def transformer_layers(cfg: ModelConfig, n: int, *, cross: bool, causal: bool = 
         )
         for i in range(n)
     ]
+    if not cfg.d_ff:  # attention-only: the feed-forward's residual block passes the stream on untouched
+        for layer in layers:
+            layer.ffn_block = NoSublayer()
+    return layers
+
+
+class NoFeedForward(nn.Module):
+    """The feed-forward of an attention-only layer (d_ff=0): it adds nothing to the residual stream."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(x)
+
+
+class NoSublayer(nn.Module):
+    """The residual block around a sublayer that is not there (a `Residual`'s `normed`/`add`):
+    no norm, no dropout, x passes unchanged (under every norm placement)."""
+
+    def normed(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def add(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        return x
 
 
 def _feed_forward(cfg: ModelConfig, layer: int) -> nn.Module:
-    """Layer `layer`'s feed-forward: plain, or E of them behind a router (`cfg.moe`)."""
+    """Layer `layer`'s feed-forward: plain, E of them behind a router (`cfg.moe`), or none (d_ff=0)."""
+    if not cfg.d_ff:
+        return NoFeedForward()
     def make() -> FeedForward:
         return FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, bias=cfg.ffn_bias)
 
