@@ -86,13 +86,13 @@ class NoFeedForward(nn.Module):
 
 class NoSublayer(nn.Module):
     """The residual block around a sublayer that is not there (a `Residual`'s `normed`/`add`):
-    no norm, no dropout, x passes unchanged (under every norm placement)."""
+    no norm, no dropout; x plus the absent sublayer's zeros (or what a hook put in their place)."""
 
     def normed(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
     def add(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        return x
+        return x + out
 
 
 def _feed_forward(cfg: ModelConfig, layer: int) -> nn.Module:
