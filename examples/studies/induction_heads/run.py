@@ -127,7 +127,7 @@ def evaluate(model: torch.nn.Module, rows: Rows) -> dict:
     return {**copy_losses(logits, rows), **head_scores(patterns, rows)}
 
 
-def train(args: argparse.Namespace, out: Path) -> dict:
+def train(args: argparse.Namespace, checkpoints: Path) -> dict:
     """The training loop: AdamW at a constant rate after a short warm-up, a fresh batch each step
     from a seeded generator; an evaluation on one fixed held-out batch every `eval_every` steps,
     a checkpoint (`attnlab.save`) every `checkpoint_every`. Returns the history and the timing."""
@@ -146,7 +146,7 @@ def train(args: argparse.Namespace, out: Path) -> dict:
             history.append({"step": step, **evaluate(model, held_out)})
             model.train()
         if step % args.checkpoint_every == 0 or step == args.steps:
-            attnlab.save(model, out / "checkpoints" / f"step{step:05d}")
+            attnlab.save(model, checkpoints / f"step{step:05d}")
         if step == args.steps:
             break
         rows, _ = sample_rows(train_gen, args.batch, args.vocab, args.min_len, args.max_len)
@@ -312,7 +312,9 @@ def report(results: dict) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=str(HERE), help="where results, plots and checkpoints go")
+    p.add_argument("--out", default=str(HERE), help="where results.json, results.md and the plots go")
+    p.add_argument("--checkpoints", default=None,
+                   help="where the checkpoints go (default: runs/induction_heads/ at the repository root, outside git)")
     p.add_argument("--quick", action="store_true", help="900 steps, the slow test's run")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--eval-every", type=int, default=25)
@@ -344,11 +346,12 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tag = "_quick" if args.quick else ""
-    trained = train(args, out / f"run{tag}")
+    checkpoints = Path(args.checkpoints) if args.checkpoints else HERE.parents[2] / "runs" / f"induction_heads{tag}"
+    trained = train(args, checkpoints)
     model = trained["model"]
     clean, corrupted = sample_rows(torch.Generator().manual_seed(2 * 10 ** 6), args.eval_batch, args.vocab,
                                    args.min_len, args.max_len)
-    setup = {k: v for k, v in vars(args).items() if k not in ("out", "quick")}
+    setup = {k: v for k, v in vars(args).items() if k not in ("out", "quick", "checkpoints")}
     setup["config"] = (f"2 attention-only layers, {args.heads} heads, d_model {args.d_model}, vocabulary {args.vocab}, "
                        "learned positions, pre-norm")
     results = {"setup": setup, "timing": trained["timing"], "loadavg": loadavg(), "history": trained["history"],
