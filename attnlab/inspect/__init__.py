@@ -1,4 +1,4 @@
-"""Instruments to look inside models: attention maps, head importance and pruning, gradient flow
+"""Instruments to look inside models: any activation by name (hooks, run_with_cache), attention maps, head importance and pruning, gradient flow
 through time, rank collapse, cost counters, attention as kernel regression. Plots (PNG) need
 matplotlib, imported only when a plot is drawn."""
 
@@ -7,12 +7,13 @@ from attnlab.inspect.cost import CostRow, cost_table, crossover_seq_len
 from attnlab.inspect.gradient_flow import gradient_flow, source_gradient_norms, state_gradient_norms
 from attnlab.inspect.heads import (attention_entropy, head_importance, head_mask, mask_from_heads, prune_heads,
                                    pruning_curve)
+from attnlab.inspect.hooks import ActivationCache, hooks, run_with_cache
 from attnlab.inspect.kernel_regression import nadaraya_watson
 from attnlab.inspect.rank_collapse import rank_collapse, relative_residual
 
 __all__ = [
-    "AttentionRecord", "CostRow", "attention_entropy", "attention_maps", "attention_modules", "capture_attention",
-    "cost_table", "crossover_seq_len", "gradient_flow", "head_importance", "head_mask", "mask_from_heads",
-    "nadaraya_watson", "prune_heads", "pruning_curve", "rank_collapse", "relative_residual", "source_gradient_norms",
-    "state_gradient_norms",
+    "ActivationCache", "AttentionRecord", "CostRow", "attention_entropy", "attention_maps", "attention_modules",
+    "capture_attention", "cost_table", "crossover_seq_len", "gradient_flow", "head_importance", "head_mask", "hooks",
+    "mask_from_heads", "nadaraya_watson", "prune_heads", "pruning_curve", "rank_collapse", "relative_residual",
+    "run_with_cache", "source_gradient_norms", "state_gradient_norms",
 ]
