@@ -350,7 +350,7 @@ class ModelConfig:
     num_decoder_layers: int | None = None
     num_heads: int = 8
     head_dim: int | None = None  # None = d_model // num_heads
-    d_ff: int = 2048  # 0 = attention-only layers (no feed-forward sublayer)
+    d_ff: int = 2048
     activation: str = "relu"
     ffn_bias: bool = True
     dropout: float = 0.1
