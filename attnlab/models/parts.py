@@ -71,34 +71,15 @@ def transformer_layers(cfg: ModelConfig, n: int, *, cross: bool, causal: bool = 
         )
         for i in range(n)
     ]
-    if not cfg.d_ff:  # attention-only: the feed-forward's residual block passes the stream on untouched
-        for layer in layers:
-            layer.ffn_block = NoSublayer()
     return layers
 
 
-class NoFeedForward(nn.Module):
-    """The feed-forward of an attention-only layer (d_ff=0): it adds nothing to the residual stream."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.zeros_like(x)
-
-
-class NoSublayer(nn.Module):
-    """The residual block around a sublayer that is not there (a `Residual`'s `normed`/`add`):
-    no norm, no dropout; x plus the absent sublayer's zeros (or what a hook put in their place)."""
-
-    def normed(self, x: torch.Tensor) -> torch.Tensor:
-        return x
-
-    def add(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        return x + out
-
-
-def _feed_forward(cfg: ModelConfig, layer: int) -> nn.Module:
-    """Layer `layer`'s feed-forward: plain, E of them behind a router (`cfg.moe`), or none (d_ff=0)."""
+def _feed_forward(cfg: ModelConfig, layer: int) -> nn.Module | None:
+    """Layer `layer`'s feed-forward: plain, E of them behind a router (`cfg.moe`), or none (d_ff=0:
+    attention-only layers)."""
     if not cfg.d_ff:
-        return NoFeedForward()
+        return None
+
     def make() -> FeedForward:
         return FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, bias=cfg.ffn_bias)
 
