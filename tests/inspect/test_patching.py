@@ -19,7 +19,8 @@ D, H, L = 32, 4, 2
 
 
 def _model(arch="decoder", kernel="auto", options=None, layers=L, **kw):
-    cfg = ModelConfig(arch=arch, vocab_size=V, d_model=D, num_layers=layers, num_heads=H, d_ff=64, dropout=0.0,
+    cfg = ModelConfig(arch=arch, vocab_size=V, d_model=D, num_layers=layers, num_heads=H, d_ff=kw.pop("d_ff", 64),
+                      dropout=0.0,
                       position=kw.pop("position", {"scheme": "learned", "max_len": 64}),
                       attention={"kernel": kernel, "kernel_options": options or {}, **kw.pop("attention", {})}, **kw)
     torch.manual_seed(0)

@@ -105,6 +105,17 @@ def test_path_patching_to_the_final_stream_is_the_direct_effect(kv_heads):
     torch.testing.assert_close(final.values, result.values, rtol=0, atol=1e-9)
 
 
+def test_path_patching_on_an_attention_only_model():
+    """No feed-forward blocks (d_ff=0): nothing to freeze, and every path to the output is direct."""
+    model = _model(d_ff=0, norm_placement="pre")
+    clean, corrupted = _pair(where=(2, 6, 9))
+    result = path_patching(model, clean, corrupted, METRIC, "hook_final")
+    frozen = path_patching(model, clean, corrupted, METRIC, "hook_final", freeze_ffn=True)
+    expected = _direct_effects(model, clean, corrupted, METRIC, f"layers.{L - 1}.hook_resid_post")
+    torch.testing.assert_close(result.values, expected, rtol=0, atol=1e-9)
+    assert torch.equal(result.values, frozen.values)
+
+
 def test_path_patching_keeps_paths_through_feed_forward_blocks_unless_frozen():
     """A last-layer sender reaches the output through the stream and the last feed-forward block:
     with the block recomputed, patching at resid_mid by hand gives the same numbers."""
