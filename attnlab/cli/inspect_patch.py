@@ -84,6 +84,9 @@ def _patch(args: argparse.Namespace) -> int:
         raise ValueError(f"--prefix is for encoder-decoders; arch={model.config.arch!r} reads --clean/--corrupted alone")
     else:
         prefix, inputs = clean, (torch.tensor([clean]), torch.tensor([corrupted]))
+    if not -len(prefix) <= args.position < len(prefix):
+        raise ValueError(f"--position {args.position} is outside the {len(prefix)} output positions "
+                         f"({'--prefix' if own.traits.has_source else '--clean'} tokens; -1 is the last)")
     target = _patch_token(tok, args.target, "--target")
     if args.wrong is not None:
         metric, what = logit_diff(target, _patch_token(tok, args.wrong, "--wrong"), position=args.position), \

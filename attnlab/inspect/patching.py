@@ -202,7 +202,7 @@ def components(model: nn.Module, name: str, calls: list[Tensor], by: str) -> tup
         if last in ("hook_k", "hook_v") and n != num_heads:  # grouped-query: G kv heads, H/G query heads each
             per = num_heads // n
             axis = "kv_head"
-            labels = [f"kv{g} (q {g * per}-{(g + 1) * per - 1})" if per > 1 else f"kv{g} (q {g})" for g in range(n)]
+            labels = [f"kv{g} (q {g * per}-{(g + 1) * per - 1})" for g in range(n)]
         return axis, [(labels[h], lambda k, h=h: (slice(None), h)) for h in range(n)]
     dim = position_dim(name)
     pieces, offset = [], 0

@@ -90,4 +90,6 @@ def test_patch_cli_errors_name_the_flag(tmp_path, capsys):
     assert "--target 'sat' encodes to 3 tokens" in capsys.readouterr().err
     assert main(base + ["--clean", "the cat", "--corrupted", "the mat", "--target", "s", "--prefix", "a"]) == 2
     assert "--prefix is for encoder-decoders" in capsys.readouterr().err
+    assert main(base + ["--clean", "the cat", "--corrupted", "the mat", "--target", "s", "--position", "7"]) == 2
+    assert "--position 7 is outside the 7 output positions" in capsys.readouterr().err
     assert not os.path.exists(out)
