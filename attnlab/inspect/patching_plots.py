@@ -92,9 +92,9 @@ def patching_view(result: Result, *, column_labels: Sequence[str] | None = None,
     info = {"grid": what, "rows": "hook points" if result.axis == "position" else "attention modules",
             "columns": result.axis}
     if isinstance(result, PatchResult):
-        info.update(clean=result.clean, corrupted=result.corrupted, direction=result.direction)
+        info.update(clean=round(result.clean, 4), corrupted=round(result.corrupted, 4), direction=result.direction)
     else:
-        info.update(baseline=result.baseline, method=result.method)
+        info.update(baseline=round(result.baseline, 4), method=result.method)
     notice = (f"{what}. Rows: {', '.join(result.rows[:3])}{', ...' if len(result.rows) > 3 else ''}; "
               f"columns: {result.axis.replace('_', ' ')}s. Head 0 shows the score where positive, head 1 minus "
               "the score where negative (both cut at 1).")
