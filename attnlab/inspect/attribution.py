@@ -17,7 +17,8 @@ encoder-decoder and the recurrent models, fused attention kernels included.
 
 The integral is a quadrature over `steps` points: Gauss-Legendre (the default, exact for
 polynomials of degree 2 steps - 1 in alpha) or a Riemann sum (left, right, middle, trapezoid),
-the same rules as captum's. Completeness says sum_t,d a = f(x) - f(x'); the result's `delta` is
+the same points and weights as captum's, but for the trapezoid: ours is the composite rule
+(weights 1/(n-1), halved at both ends, summing to 1), captum's weighs 1/n (summing to (n-1)/n). Completeness says sum_t,d a = f(x) - f(x'); the result's `delta` is
 sum(a) - (f(x) - f(x')), the quadrature error, which shrinks as `steps` grows.
 
     att = integrated_gradients(model, ids, target=tok.encode(" Paris")[0])  # last position's log-prob
