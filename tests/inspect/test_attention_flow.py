@@ -64,6 +64,15 @@ def test_max_flow_equals_the_minimum_cut_on_a_layered_graph():
         assert max_flow(cap, j, 6 + i) == pytest.approx(_min_cut(cap, j, 6 + i), abs=1e-9)
 
 
+def test_max_flow_takes_back_flow_that_blocks_a_better_route():
+    """s=0 -> x1=1, x2=2 -> y1=3, y2=4 -> t=5: the shortest path through x1 and y1, tried first,
+    blocks x2's only route; the maximum (2) needs the flow x1 -> y1 sent back."""
+    cap = torch.zeros(6, 6, dtype=torch.float64)
+    for u, v in [(0, 1), (0, 2), (1, 3), (1, 4), (2, 3), (3, 5), (4, 5)]:
+        cap[u, v] = 1.0
+    assert max_flow(cap, 0, 5) == pytest.approx(2.0) == _min_cut(cap, 0, 5)
+
+
 def test_max_flow_equals_the_minimum_cut_on_graphs_with_cycles():
     g = torch.Generator().manual_seed(2)
     for _ in range(5):
