@@ -243,6 +243,14 @@ def _forward(model: nn.Module, site: EmbeddingSite, inputs: tuple, kwargs: dict,
 def _prepare(model, inputs, target, position, score, side):
     if not inputs or not isinstance(inputs[0], Tensor) or inputs[0].dim() != 2:
         raise ValueError("inputs: give the model's token ids (B, T) first, as its forward takes them")
+    if not callable(target):
+        from attnlab.models.families import family
+
+        stacks = family(model.config).stacks(model.config)
+        last = model.get_submodule(stacks[-1][0].rstrip(".")) if stacks and stacks[-1][0] else model
+        if stacks and getattr(last, "head", None) is None:
+            raise ValueError("target: this model has no head and returns hidden states, not logits; give a "
+                             "metric callable (output (N, T, D) -> (N,)) to attribute")
     return embedding_site(model, side), inputs[0].shape[0], _Objective(target, position, score, inputs[0].shape[0])
 
 
@@ -302,14 +310,17 @@ def _baseline(model, site, inputs, kwargs, B, x: Tensor, baseline) -> Tensor:
 
 def integrated_gradients(model: nn.Module, *inputs: Tensor, target: int | Tensor | Callable | None = None,
                          position: int | None = -1, score: str = "logprob", side: str | None = None,
-                         baseline: str | Tensor = "zeros", steps: int = 50, method: str = "gausslegendre",
+                         baseline: str | Tensor = "pad", steps: int = 50, method: str = "gausslegendre",
                          batch_points: int | None = None, **kwargs) -> Attribution:
     """Integrated gradients at the embeddings of one side, from `baseline` to the input.
 
     Args:
         model, inputs, kwargs, target, position, score, side: as `gradient_x_input`.
-        baseline: x' = `zeros`, `pad` (the embedding module's output on the pad token at every
-            position: positions and segments stay, the tokens go), or a tensor (B, T, D) / (T, D).
+        baseline: x' = `pad` (default: the embedding module's output on the pad token at every
+            position: positions and segments stay, the tokens go), `zeros`, or a tensor (B, T, D) /
+            (T, D). Zeros sit badly with a LayerNorm right after the embeddings (post-LN layers,
+            BERT's embedding norm): LN(alpha x) = LN(x) for all but the smallest alpha, so f
+            jumps next to alpha = 0, where no quadrature looks, and `delta` is large.
         steps: quadrature points.
         method: the rule (`RULES`): gausslegendre (default) or riemann_trapezoid / _middle /
             _left / _right.

@@ -135,6 +135,17 @@ def test_completeness_on_every_family_and_side(arch, side, extra):
     assert att.delta.abs().max() < tolerance
 
 
+def test_zero_baseline_behind_a_layernorm_shows_in_delta():
+    """Post-LN layers normalise the embeddings first: f(alpha x) = f(x) but next to alpha = 0, so
+    integrating from zeros misses the jump and delta says so; the default pad baseline does not."""
+    model = _model("decoder", norm_placement="post", position={"scheme": "learned", "max_len": 16})
+    inputs = _inputs("decoder")
+    zeros = integrated_gradients(model, *inputs, baseline="zeros", steps=32)
+    pad = integrated_gradients(model, *inputs, steps=32)
+    assert zeros.delta.abs().max() > 0.2 * (zeros.value - zeros.baseline_value).abs().max()
+    assert pad.delta.abs().max() < 1e-2 * (pad.value - pad.baseline_value).abs().max()
+
+
 def test_target_side_of_a_shared_table_is_the_decoder_call():
     """A recurrent model with one table for both sides: the target site is the table's second call;
     its attributions match the reference function that swaps that call."""
