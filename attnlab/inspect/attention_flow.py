@@ -41,7 +41,7 @@ def _raw_attention(maps: Sequence[Tensor], residual: float) -> list[Tensor]:
         raise ValueError(f"residual must be in [0, 1] (the identity's share), got {residual!r}")
     out = []
     for l, m in enumerate(maps):
-        m = torch.as_tensor(m).detach().double()
+        m = torch.as_tensor(m).detach().double().cpu()  # small (T, T) matrices; flow runs on the CPU anyway
         if m.dim() == 4:
             m = m.mean(1)
         if m.dim() != 3 or m.shape[-1] != m.shape[-2]:
@@ -54,7 +54,7 @@ def _raw_attention(maps: Sequence[Tensor], residual: float) -> list[Tensor]:
 
 
 def attention_rollout(maps: Sequence[Tensor], residual: float = 0.5) -> Tensor:
-    """R = Â_L ... Â_1: (B, T, T), rows (output positions) summing to 1.
+    """R = Â_L ... Â_1: (B, T, T) on the CPU, rows (output positions) summing to 1.
 
     Args:
         maps: per layer (B, H, T, T) (averaged over heads here) or (B, T, T), first layer first.
