@@ -9,6 +9,7 @@ import torch
 
 from attnlab import ModelConfig, build_model
 from attnlab.cli.main import main
+from attnlab.inspect.attention_flow import attention_flow, attention_rollout, self_attention_maps
 from attnlab.interop.serialization import load, save
 from attnlab.tokenizers import Tokenizer
 
@@ -53,12 +54,16 @@ def test_token_attributions_of_a_decoder(tmp_path, method, capsys):
 
 @pytest.mark.parametrize("method", ["rollout", "flow"])
 def test_rollout_and_flow_rows_are_shares(tmp_path, method):
-    path, _ = _checkpoint(tmp_path, "decoder")
+    path, tok = _checkpoint(tmp_path, "decoder")
     got = _run(path, tmp_path / method, "--text", "a dog", "--method", method, "--html", str(tmp_path / "r.html"))
     rows = torch.tensor(got[method])
     assert rows.shape == (5, 5)
     torch.testing.assert_close(rows.sum(-1), torch.ones(5))
     assert (rows.triu(1) == 0).all()  # a decoder's position never draws on later tokens
+    model = load(path)  # through every layer: the library's (tested on its own) on the same maps
+    maps = self_attention_maps(model, torch.tensor([tok.encode("a dog")]))
+    expected = attention_rollout(maps) if method == "rollout" else attention_flow(maps)
+    torch.testing.assert_close(rows, expected[0])
     assert (tmp_path / method / f"{method}.png").is_file() and (tmp_path / "r.html").is_file()
 
 
@@ -74,8 +79,13 @@ def test_logit_lens_last_layer_is_the_prediction(tmp_path, capsys):
 
 
 def test_encoder_decoder_sides(tmp_path):
-    path, _ = _checkpoint(tmp_path, "encoder_decoder")
+    path, tok = _checkpoint(tmp_path, "encoder_decoder")
     src = _run(path, tmp_path / "s", "--text", "the cat", "--target", "a dog", "--steps", "32")
+    model = load(path)
+    tgt_ids = torch.tensor([tok.encode("a dog")])
+    with torch.no_grad():  # the target's teacher-forced log-likelihood: position t predicts token t + 1
+        logp = torch.log_softmax(model(torch.tensor([tok.encode("the cat")]), tgt_ids)[0, :-1], -1)
+    assert src["value"] == pytest.approx(float(logp.gather(-1, tgt_ids[0, 1:, None]).sum()), abs=1e-4)
     tgt = _run(path, tmp_path / "t", "--text", "the cat", "--target", "a dog", "--side", "target", "--steps", "32")
     assert len(src["scores"]) == 7 and len(tgt["scores"]) == 5
     for got in (src, tgt):
