@@ -1,4 +1,4 @@
-"""Instruments to look inside models: attention maps, head importance and pruning, gradient flow
+"""Instruments to look inside models: any activation by name (hooks, run_with_cache), attention maps, head importance and pruning, gradient flow
 through time, rank collapse, cost counters, attention as kernel regression, attribution
 (integrated gradients, gradient x input, attention rollout and flow, the logit lens). Plots (PNG) need
 matplotlib, imported only when a plot is drawn."""
@@ -10,15 +10,16 @@ from attnlab.inspect.cost import CostRow, cost_table, crossover_seq_len
 from attnlab.inspect.gradient_flow import gradient_flow, source_gradient_norms, state_gradient_norms
 from attnlab.inspect.heads import (attention_entropy, head_importance, head_mask, mask_from_heads, prune_heads,
                                    pruning_curve)
+from attnlab.inspect.hooks import ActivationCache, hooks, run_with_cache
 from attnlab.inspect.kernel_regression import nadaraya_watson
 from attnlab.inspect.logit_lens import lens_top_tokens, logit_lens
 from attnlab.inspect.rank_collapse import rank_collapse, relative_residual
 
 __all__ = [
-    "Attribution", "attention_flow", "attention_rollout", "gradient_x_input", "integrated_gradients",
-    "lens_top_tokens", "logit_lens", "self_attention_maps",
-    "AttentionRecord", "CostRow", "attention_entropy", "attention_maps", "attention_modules", "capture_attention",
-    "cost_table", "crossover_seq_len", "gradient_flow", "head_importance", "head_mask", "mask_from_heads",
-    "nadaraya_watson", "prune_heads", "pruning_curve", "rank_collapse", "relative_residual", "source_gradient_norms",
+    "ActivationCache", "AttentionRecord", "Attribution", "CostRow", "attention_entropy", "attention_flow",
+    "attention_maps", "attention_modules", "attention_rollout", "capture_attention", "cost_table", "crossover_seq_len",
+    "gradient_flow", "gradient_x_input", "head_importance", "head_mask", "hooks", "integrated_gradients",
+    "lens_top_tokens", "logit_lens", "mask_from_heads", "nadaraya_watson", "prune_heads", "pruning_curve",
+    "rank_collapse", "relative_residual", "run_with_cache", "self_attention_maps", "source_gradient_norms",
     "state_gradient_norms",
 ]

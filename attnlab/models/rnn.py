@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from attnlab.nn.hook_points import HasHookPoints, HookPoint, tap
 from attnlab.nn.rnn import ConvEncoder, RecurrentLayer, build_recurrent_attention
 
 
@@ -66,7 +67,7 @@ def _check_ids(name: str, ids: Tensor, vocab_size: int) -> None:
         raise ValueError(f"{name} holds ids outside the vocabulary [0, {vocab_size})")
 
 
-class RNNEncoderDecoder(nn.Module):
+class RNNEncoderDecoder(HasHookPoints, nn.Module):
     """An RNN / LSTM / GRU (or word-window) encoder-decoder with optional attention.
 
     Args:
@@ -78,6 +79,12 @@ class RNNEncoderDecoder(nn.Module):
         conv_window: the window of the conv encoder.
         attention_hidden: width of the additive scorer (None = hidden_size).
         tie_embeddings: the output projection shares the target embedding matrix.
+
+    Hook points (`hook_points()`): `hook_src_embed` (B, S, D), `hook_memory` (B, S, Hm) the encoder's
+    outputs, `hook_tgt_embed` (B, T, D), `hook_states` (B, T, Hd) the decoder's top states (a replacement reaches
+    the output layer; the recurrence has run by then),
+    `attention.hook_pattern` (the alignment, `attnlab.nn.rnn.RecurrentAttention`), `hook_decoder_out`
+    (B, T, D) what the output projection reads.
 
     Raises:
         ValueError: an unknown cell or attention, or `dot` with mismatched widths.
@@ -109,6 +116,8 @@ class RNNEncoderDecoder(nn.Module):
         self.bridge = nn.Linear(memory_dim, hidden_size * num_layers)
         self.combine = nn.Linear(hidden_size + memory_dim, d_model)  # W_o [s_t; c_t]
         self.out = nn.Linear(d_model, vocab_size, bias=False)
+        self.hook_src_embed, self.hook_memory, self.hook_tgt_embed = HookPoint(), HookPoint(), HookPoint()
+        self.hook_states, self.hook_decoder_out = HookPoint(), HookPoint()
         if tie_embeddings:
             self.out.weight = self.tgt_embed.weight
 
@@ -120,10 +129,9 @@ class RNNEncoderDecoder(nn.Module):
     def encode(self, src_ids: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """Source ids (B, S) -> memory (B, S, Hm); padding positions are 0."""
         _check_ids("src_ids", src_ids, self.src_embed.num_embeddings)
-        x = self.dropout(self.src_embed(src_ids))  # (B, S, D)
-        if self.cell == "conv":
-            return self.encoder(x, src_mask)
-        return self.encoder(x, src_mask)[0]
+        x = tap(self.hook_src_embed, self.dropout(self.src_embed(src_ids)))  # (B, S, D)
+        memory = self.encoder(x, src_mask) if self.cell == "conv" else self.encoder(x, src_mask)[0]
+        return tap(self.hook_memory, memory)
 
     def summary(self, memory: Tensor, src_mask: Tensor | None = None) -> Tensor:
         """The fixed-size source vector (B, Hm): last real forward state (and first real backward
@@ -166,7 +174,7 @@ class RNNEncoderDecoder(nn.Module):
         if src_mask is not None and src_mask.shape != memory.shape[:2]:
             raise ValueError(f"src_mask must be (B, S) = {tuple(memory.shape[:2])}, got {tuple(src_mask.shape)}")
         B, T = tgt_ids.shape
-        y = self.dropout(self.tgt_embed(tgt_ids))  # (B, T, D)
+        y = tap(self.hook_tgt_embed, self.dropout(self.tgt_embed(tgt_ids)))  # (B, T, D)
         state = cache.state if cache is not None and cache.state is not None else None
         summary = self.summary(memory, src_mask)
         if state is None:
@@ -191,9 +199,10 @@ class RNNEncoderDecoder(nn.Module):
         else:
             s, state = self.decoder.rnn(y, state)  # (B, T, Hd)
             c, _ = self.attention(s, memory, src_mask)  # s_t scores h_i -> (B, T, Hm)
+        s = tap(self.hook_states, s)
         if cache is not None:
             cache.state, cache.last_output, cache.length = state, s[:, -1], cache.length + T
-        return torch.tanh(self.combine(torch.cat((self.dropout(s), c), -1)))  # (B, T, D)
+        return tap(self.hook_decoder_out, torch.tanh(self.combine(torch.cat((self.dropout(s), c), -1))))  # (B, T, D)
 
     def _top(self, state: Any) -> Tensor:
         h = state[0] if isinstance(state, tuple) else state

@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from attnlab.models.embeddings import Embeddings
 from attnlab.models.heads import ClassificationHead, pool
+from attnlab.nn.hook_points import HasHookPoints, HookPoint, tap, tap_row
 from attnlab.nn.layers import TransformerLayer
 from attnlab.nn.kv_cache import KVCache, SegmentMemory, Step
 from attnlab.nn.masks import (causal_mask, combine, document_mask, padding_mask, positions_from_documents,
@@ -65,8 +66,13 @@ class LayerInputs(NamedTuple):
     memory_mask: Tensor | None  # (B, 1, 1, S) bool cross-attention mask over the memory, or None
 
 
-class TransformerStack(nn.Module):
-    """Embeddings, layers and a final norm; `features` runs them. Subclasses add the head."""
+class TransformerStack(HasHookPoints, nn.Module):
+    """Embeddings, layers and a final norm; `features` runs them. Subclasses add the head.
+
+    Hook points (`hook_points()`): `hook_embed` (B, T, D) what the embeddings give the first layer,
+    the layers' (`layers.{i}.hook_*`, `attnlab.nn.layers.TransformerLayer`), `hook_final` (B, T, D)
+    the last hidden states (after the final norm, before the head).
+    """
 
     causal = False
     # True: in a pass that records gradients, keep each layer's input only and recompute the layer
@@ -84,6 +90,7 @@ class TransformerStack(nn.Module):
         self.position_bias = position_bias  # ALiBi / T5 bias, computed once, shared by all layers
         self.head = head
         self.classifier_pooling = classifier_pooling
+        self.hook_embed, self.hook_final = HookPoint(), HookPoint()
         # kernels with a sparse pattern apply causality themselves: a decoder then needs no dense (T, T) mask
         self.kernel_is_causal = self.causal and any(layer.self_attn.kernel.supports.pattern for layer in self.layers)
         _share_rotary(self.layers)
@@ -144,7 +151,7 @@ class TransformerStack(nn.Module):
                               document_ids=document_ids, memory_mask=memory_mask, past=past, mems=mems if held else None,
                               cache=cache, device=input_ids.device)
         recompute = self.activation_checkpointing and torch.is_grad_enabled() and cache is None  # (a cache fills once)
-        h = self.embed(input_ids, x.positions, token_type_ids)
+        h = tap(self.hook_embed, self.embed(input_ids, x.positions, token_type_ids))
         for i, layer in enumerate(self.layers):
             mem = mems.exchange(i, h) if mems is not None else None  # layer i's memory; h joins the next one
             if recompute:  # the same call, its dropout masks drawn again from the saved RNG state in backward
@@ -155,7 +162,7 @@ class TransformerStack(nn.Module):
                       memory_mask=x.memory_mask, cache=cache.layer(i) if cache is not None else None, mem=mem)
         if mems is not None:
             mems.commit()
-        return self.final_norm(h) if self.final_norm is not None else h
+        return tap(self.hook_final, self.final_norm(h) if self.final_norm is not None else h)
 
     def layer_inputs(self, B: int, T: int, attention_mask: Tensor | None = None, *, position_ids: Tensor | None = None,
                      prefix_lengths: Tensor | None = None, document_ids: Tensor | None = None,
@@ -242,7 +249,8 @@ class TransformerStack(nn.Module):
             ValueError: the cache is full or empty.
         """
         positions, key_positions = cache.advance()  # (N, 1), (N, L)
-        x = self.embed.step(tokens, positions)  # (N, D)
+        m = self._modules
+        x = tap_row(m["hook_embed"], self.embed.step(tokens, positions))  # (N, D)
         mask = padding_mask(attention_mask) if attention_mask is not None else None  # (N, 1, 1, L)
         bias = None
         if self.position_bias is not None:  # one float mask: the bias, -inf on padded keys
@@ -251,7 +259,7 @@ class TransformerStack(nn.Module):
         step = Step(key_positions.shape[1], positions, key_positions, mask, bias, memory, memory_mask)
         for layer, kv in zip(self.layers, cache.layers):
             x = layer.step(x, kv, step)
-        return apply_norm(self.final_norm, x) if self.final_norm is not None else x
+        return tap_row(m["hook_final"], apply_norm(self.final_norm, x) if self.final_norm is not None else x)
 
     def apply_head(self, hidden: Tensor, attention_mask: Tensor | None) -> Tensor:
         if self.head is None:
@@ -341,7 +349,7 @@ class Decoder(TransformerStack):
         return logits, memory.states
 
 
-class EncoderDecoder(nn.Module):
+class EncoderDecoder(HasHookPoints, nn.Module):
     """The original Transformer: `forward(src_ids, tgt_ids, src_mask, tgt_mask)` -> (B, Tt, V)."""
 
     def __init__(self, encoder: Encoder, decoder: Decoder):

@@ -37,6 +37,7 @@ from attnlab.config.load import from_dict, merge, to_dict
 from attnlab.config.validate import ConfigError, check_types, choice, positive
 from attnlab.config.model import MoEConfig
 from attnlab.models.parts import HEADS, final_norm_of, init_weights, position_module, transformer_layers
+from attnlab.nn.hook_points import HasHookPoints, HookPoint, tap
 
 __all__ = ["VisionConfig", "VisionEncoder", "default_encoder", "patchify"]
 
@@ -185,7 +186,7 @@ def patchify(images: Tensor, patch_size: int) -> Tensor:
     return x.reshape(B, (H // P) * (W // P), C * P * P)
 
 
-class VisionEncoder(nn.Module):
+class VisionEncoder(HasHookPoints, nn.Module):
     """A ViT classifier (see the module docstring): `forward(images)` -> (B, num_labels) logits,
     or the hidden states (B, 1 + N, D) with encoder.head 'none'; `features(images)` -> hidden.
 
@@ -209,6 +210,7 @@ class VisionEncoder(nn.Module):
         self.final_norm = final_norm_of(cfg)
         self.position_bias = position_module(cfg, "bias")  # ALiBi / T5 bias, shared by all layers, or None
         self.head = HEADS[cfg.head](cfg, None)  # ClassificationHead, or None
+        self.hook_embed, self.hook_final = HookPoint(), HookPoint()  # (B, 1 + N, D), as a text encoder's
         if not any(p.is_meta for p in self.parameters()):
             with torch.no_grad():
                 init_weights(self, cfg.init_std)
@@ -237,12 +239,12 @@ class VisionEncoder(nn.Module):
     def features(self, images: Tensor) -> Tensor:
         """images (B, C, H, W) -> last hidden states (B, 1 + N, D); no padding, so no mask."""
         self._check(images)
-        h = self.embed(images)
+        h = tap(self.hook_embed, self.embed(images))
         ids = self._position_ids(h)
         bias = self.position_bias(ids, ids) if self.position_bias is not None else None
         for layer in self.layers:
             h = layer(h, None, bias=bias, positions=ids, key_positions=ids)
-        return self.final_norm(h) if self.final_norm is not None else h
+        return tap(self.hook_final, self.final_norm(h) if self.final_norm is not None else h)
 
     def pool(self, hidden: Tensor) -> Tensor:
         """(B, 1 + N, D) -> (B, D): the [CLS] vector, or the mean over the patches."""

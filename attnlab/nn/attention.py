@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from attnlab.nn.kernels import Kernel, KernelSetup, build_kernel, eager_attention
+from attnlab.nn.hook_points import HookPoint, tap
 from attnlab.nn.kernels.base import repeat_kv
 from attnlab.nn.kv_cache import LayerKV, Step
 from attnlab.nn.linear import project
@@ -115,6 +116,21 @@ class MultiHeadAttention(nn.Module):
             self.qkv_proj = nn.Linear(d_model, q_width + 2 * kv_width, bias=bias)
             self.q_proj = self.kv_proj = None
         self.out_proj = nn.Linear(q_width, d_model, bias=bias)
+        # hook points (attnlab.nn.hook_points): q (B, H, T, Dh), k and v (B, G, T, Dh) as projected (before
+        # rotation), the pattern (B, H, Tq, Tk), z (B, H, Tq, Dh) the heads' outputs before out_proj, result
+        # (B, H, Tq, D) each head's share of the output (out_proj's bias excluded)
+        self.hook_q, self.hook_k, self.hook_v = HookPoint(), HookPoint(), HookPoint()
+        self.hook_pattern, self.hook_z, self.hook_result = HookPoint(), HookPoint(), HookPoint()
+        self._points = (self.hook_q, self.hook_k, self.hook_v, self.hook_pattern, self.hook_z, self.hook_result)
+
+    def hooked(self) -> bool:
+        """Whether this module or one of its hook points has a forward hook."""
+        if self._forward_hooks or self._forward_pre_hooks:
+            return True
+        for point in self._points:
+            if point._forward_hooks or point._forward_pre_hooks:
+                return True
+        return False
 
     def _heads(self, y: Tensor, n: int) -> Tensor:
         """A projection's output (B, T, n Dh) -> (B, n, T, Dh)."""
@@ -179,6 +195,7 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError("this MultiHeadAttention is a self-attention: it takes no context "
                                  "(build it with cross_attention=True to attend to one)")
             q, k, v = self._heads(self.qkv_proj(x), H + 2 * G).split([H, G, G], dim=1)  # (B, H | G | G, Tq, Dh)
+            q, k, v = tap(self.hook_q, q), tap(self.hook_k, k), tap(self.hook_v, v)
             if self.rotary is not None:
                 q = self.rotary.rotate(q, q_pos)
                 k = self.rotary.rotate(k, k_pos[:, -Tq:])  # new keys are the last ones
@@ -193,18 +210,71 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError("a segment memory (mem) extends a self-attention's keys; this is a cross-attention")
             if not self.kernel.supports.cross_attention:
                 raise ValueError(f"kernel={self.kernel.name!r} is for self-attention; cross-attention takes another")
-            q = self._heads(self.q_proj(x), H)  # (B, H, Tq, Dh)
+            q = tap(self.hook_q, self._heads(self.q_proj(x), H))  # (B, H, Tq, Dh)
             if cache is not None and cache.cross_k is not None:
                 k, v = cache.cross_k, cache.cross_v  # the source was projected at the first step
             else:
                 k, v = self._heads(self.kv_proj(context), 2 * G).split([G, G], dim=1)  # (B, G, Tk, Dh)
+                k, v = tap(self.hook_k, k), tap(self.hook_v, v)
                 if cache is not None:
                     cache.cross_k, cache.cross_v = k, v
         # keys beyond the queries (a cache's or a memory's): kernels without that support take the dense reference
         out, weights = self._attention(q, k, v, mask, bias, q_pos, k_pos, need_weights,
                                        cache is not None or mem is not None)
-        out = out.transpose(1, 2).reshape(B, Tq, H * self.head_dim)
-        return self.out_proj(out), weights
+        if self.hook_pattern.hooked:
+            out, weights = self._hooked_pattern(q, k, v, out, weights, mask, bias, q_pos, k_pos)
+        out = tap(self.hook_z, out)  # (B, H, Tq, Dh)
+        y = self.out_proj(out.transpose(1, 2).reshape(B, Tq, H * self.head_dim))
+        if self.hook_result.hooked:
+            y = self._hooked_result(out, y)
+        return y, weights
+
+    def _hooked_pattern(self, q: Tensor, k: Tensor, v: Tensor, out: Tensor, weights: Tensor | None,
+                        mask: Tensor | None, bias: Tensor | None, q_pos: Tensor | None,
+                        k_pos: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """The pattern through `hook_pattern`: the weights the call computed, or, under a kernel that
+        returns none (a fused or sparse one), the same weights computed exactly on the side by the
+        dense reference (a sparse kernel's over the keys it allows), the kernel's output kept. A hook
+        that returns another pattern gets the output recomputed from it: pattern @ v."""
+        s = self._supports
+        if weights is None:
+            bias, values = self._position_terms(q, q_pos, k_pos, bias)
+            if s.dense_reference:
+                _, weights = self._scored(q, k, v, self._with_pattern(mask, q, k), bias, 0.0, True, values)
+            elif s.weights:
+                _, weights = self._attend(q, k, v, mask, bias, 0.0, True, values)
+            else:
+                raise ValueError(f"attention.kernel={self.kernel.name!r} computes no attention pattern")
+        edited = self.hook_pattern(weights)
+        if edited is weights:
+            return out, weights
+        if not s.dense_reference:
+            raise ValueError(f"attention.kernel={self.kernel.name!r} attends over keys it computes itself "
+                             "(no dense equivalent): its pattern can be read, not replaced")
+        if edited.shape != weights.shape:
+            raise ValueError(f"a hook on hook_pattern returned shape {tuple(edited.shape)}; "
+                             f"expected {tuple(weights.shape)}")
+        _, vr = repeat_kv(k, v, self.num_heads)
+        _, values = self._position_terms(q, q_pos, k_pos, None)
+        edited = edited.to(vr.dtype)
+        out = edited @ vr
+        return (out if values is None else out + values(edited)), weights
+
+    def _hooked_result(self, z: Tensor, y: Tensor) -> Tensor:
+        """Each head's share of the output (B, H, Tq, D) through `hook_result`: out_proj of that
+        head's z alone, its bias taken off; a hook that returns other shares gets their sum + bias."""
+        B, H, Tq, Dh = z.shape
+        blocks = z.new_zeros(B, H, Tq, H, Dh)
+        index = torch.arange(H, device=z.device)
+        blocks[:, index, :, index] = z.transpose(0, 1)  # head h's z in head h's columns only
+        bias = self.out_proj.bias
+        result = self.out_proj(blocks.view(B, H, Tq, H * Dh))
+        if bias is not None:
+            result = result - bias
+        edited = self.hook_result(result)
+        if edited is result:
+            return y
+        return edited.sum(1) + bias if bias is not None else edited.sum(1)
 
     def _memory_kv(self, mem: Tensor, k: Tensor, v: Tensor, k_pos: Tensor | None) -> tuple[Tensor, Tensor]:
         """The keys and values of the memory `mem` (B, M, D) put before the new ones k, v
@@ -224,9 +294,10 @@ class MultiHeadAttention(nn.Module):
         Self-attention writes the new key/value into `kv` at column step.length - 1 and attends
         over the keys so far with `step`'s mask, bias and positions; cross-attention attends over
         the source keys/values the prompt's `forward` projected. A module with hooks takes its
-        own `forward` (with the cache), so that the hooks see the call.
+        own `forward` (with the cache), so that the hooks see the call; so does one with a hooked
+        hook point.
         """
-        if self._forward_hooks or self._forward_pre_hooks:
+        if self.hooked():
             if self.qkv_proj is None:
                 return self(x[:, None], step.memory, mask=step.memory_mask, cache=kv)[0][:, 0]
             return self(x[:, None], mask=step.mask, bias=step.bias, q_pos=step.positions, k_pos=step.key_positions,
@@ -253,13 +324,7 @@ class MultiHeadAttention(nn.Module):
                    cached: bool) -> tuple[Tensor, Tensor | None]:
         """Heads after projection and positions -> (out (B, H, Tq, Dh), weights or None): Shaw's
         relative terms, then the kernel, or the dense reference for a call it cannot do."""
-        values = None
-        if self.relative is not None:
-            rel_index = self.relative.distance_index(q_pos, k_pos)
-            rel_bias = self.relative.score_bias(q, rel_index, self.head_dim**-0.5)
-            bias = rel_bias if bias is None else bias + rel_bias
-            if self.relative.value_table is not None:
-                values = partial(self.relative.value_term, index=rel_index)
+        bias, values = self._position_terms(q, q_pos, k_pos, bias)
         dropout_p = self.dropout if self.training else 0.0
         s = self._supports
         unsupported = ("a KV cache" if cached and not s.kv_cache
@@ -270,6 +335,18 @@ class MultiHeadAttention(nn.Module):
             return self._scored(q, k, v, self._with_pattern(mask, q, k), bias, dropout_p, need_weights, values)
         raise ValueError(f"attention.kernel={self.kernel.name!r} cannot run with {unsupported} and has no "
                          "dense equivalent to fall back on (it is for encoders, without a cache)")
+
+    def _position_terms(self, q: Tensor, q_pos: Tensor | None, k_pos: Tensor | None,
+                        bias: Tensor | None) -> tuple[Tensor | None, object]:
+        """Shaw et al.'s relative terms: (the score bias with their key term added, their values
+        term as a function of the weights, or None); the bias unchanged without them."""
+        if self.relative is None:
+            return bias, None
+        rel_index = self.relative.distance_index(q_pos, k_pos)
+        rel_bias = self.relative.score_bias(q, rel_index, self.head_dim**-0.5)
+        bias = rel_bias if bias is None else bias + rel_bias
+        values = partial(self.relative.value_term, index=rel_index) if self.relative.value_table is not None else None
+        return bias, values
 
     def _kernel_call(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, bias: Tensor | None,
                      dropout_p: float, need_weights: bool, values=None) -> tuple[Tensor, Tensor | None]:

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from attnlab.nn.activations import GATED as _GATED
 from attnlab.nn.activations import activation_fn
 from attnlab.nn.attention import MultiHeadAttention
+from attnlab.nn.hook_points import HookPoint, tap, tap_row
 from attnlab.nn.kv_cache import LayerKV, Step
 from attnlab.nn.linear import project
 from attnlab.nn.norms import apply_norm
@@ -38,6 +39,7 @@ class FeedForward(nn.Module):
         self.w1 = None if self.gated else nn.Linear(d_model, d_ff, bias=bias)
         self.w13 = nn.Linear(d_model, 2 * d_ff, bias=bias) if self.gated else None
         self.w2 = nn.Linear(d_ff, d_model, bias=bias)
+        self.hook_hidden = HookPoint()  # (..., F) what w2 reads: act(W1 x), or act(W1 x) * W3 x
 
     def forward(self, x: Tensor) -> Tensor:
         """x (..., D) -> (..., D); a decoding step's (N, D) goes through the inference layout."""
@@ -47,7 +49,7 @@ class FeedForward(nn.Module):
             h = self.act(a) * b
         else:
             h = self.act(project(m["w1"], x))
-        return project(m["w2"], h)
+        return project(m["w2"], tap(m["hook_hidden"], h))
 
     def upgrade_state(self, state: dict[str, Tensor], prefix: str) -> None:
         """Rename, in place, the tensors of a checkpoint saved before the gate was fused:
@@ -101,6 +103,11 @@ class TransformerLayer(nn.Module):
 
     An encoder layer has no cross-attention; a decoder layer of an encoder-decoder has one.
     Causality is the mask's business, not the layer's.
+
+    Hook points (`attnlab.nn.hook_points`), each (B, T, D): `hook_resid_pre` (the layer's input),
+    `hook_attn_out` (the self-attention's output, before dropout and the residual add),
+    `hook_resid_mid` (after that add), `hook_cross_out` and `hook_resid_cross` (the same around the
+    cross-attention, in layers that have one), `hook_ffn_out`, `hook_resid_post` (the layer's output).
     """
 
     def __init__(self, self_attn: MultiHeadAttention, ffn: FeedForward, *, make_norm: Callable[[], nn.Module],
@@ -112,6 +119,10 @@ class TransformerLayer(nn.Module):
         self.cross_attn_block = Residual(make_norm, placement, dropout) if cross_attn is not None else None
         self.ffn = ffn
         self.ffn_block = Residual(make_norm, placement, dropout)
+        self.hook_resid_pre, self.hook_attn_out, self.hook_resid_mid = HookPoint(), HookPoint(), HookPoint()
+        if cross_attn is not None:
+            self.hook_cross_out, self.hook_resid_cross = HookPoint(), HookPoint()
+        self.hook_ffn_out, self.hook_resid_post = HookPoint(), HookPoint()
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, bias: Tensor | None = None,
                 positions: Tensor | None = None, key_positions: Tensor | None = None,
@@ -123,29 +134,44 @@ class TransformerLayer(nn.Module):
         layer's inputs at the M positions before x (Transformer-XL's segment memory, detached);
         self-attention reads keys/values from [mem; x], both through the same norm."""
         k_pos = positions if key_positions is None else key_positions
+        m = self._modules
+        x = tap(m["hook_resid_pre"], x)
         block = self.self_attn_block
         past = block.normed(mem) if mem is not None else None
         h, _ = self.self_attn(block.normed(x), mask=mask, bias=bias, q_pos=positions, k_pos=k_pos, cache=cache,
                               mem=past)
-        x = block.add(x, h)
+        x = tap(m["hook_resid_mid"], block.add(x, tap(m["hook_attn_out"], h)))
         if self.cross_attn is not None:
             if memory is None:
                 raise ValueError("this layer has cross-attention: pass the encoder output as `memory`")
             block = self.cross_attn_block
             h, _ = self.cross_attn(block.normed(x), memory, mask=memory_mask, cache=cache)
-            x = block.add(x, h)
-        return self.ffn_block.add(x, self.ffn(self.ffn_block.normed(x)))
+            x = tap(m["hook_resid_cross"], block.add(x, tap(m["hook_cross_out"], h)))
+        block = self.ffn_block
+        h = tap(m["hook_ffn_out"], self.ffn(block.normed(x)))
+        return tap(m["hook_resid_post"], block.add(x, h))
 
     def step(self, x: Tensor, kv: LayerKV, step: Step) -> Tensor:
         """`forward` for one new token per row while decoding: x (N, D) -> (N, D), the same
         modules and residual blocks; the shared per-step inputs (mask, positions) come in `step`
-        (built once by `TransformerStack.step`), the new key/value go into `kv`."""
+        (built once by `TransformerStack.step`), the new key/value go into `kv`. The hook points see
+        (N, 1, D), as a forward's (B, T, D) with T = 1."""
         m = self._modules  # the sublayers, read once (see Residual)
+        x = tap_row(m["hook_resid_pre"], x)
         block = m["self_attn_block"]
-        x = block.add(x, m["self_attn"].step(block.normed(x), kv, step))
+        h = tap_row(m["hook_attn_out"], m["self_attn"].step(block.normed(x), kv, step))
+        x = tap_row(m["hook_resid_mid"], block.add(x, h))
         cross_attn = m.get("cross_attn")
         if cross_attn is not None:
             block = m["cross_attn_block"]
-            x = block.add(x, cross_attn.step(block.normed(x), kv, step))
+            h = tap_row(m["hook_cross_out"], cross_attn.step(block.normed(x), kv, step))
+            x = tap_row(m["hook_resid_cross"], block.add(x, h))
         block = m["ffn_block"]
-        return block.add(x, m["ffn"](block.normed(x)))
+        ffn = m["ffn"]
+        hidden = ffn._modules.get("hook_hidden")  # (a mixture of experts has none)
+        if hidden is not None and hidden.hooked:  # its hook sees (N, 1, F)
+            h = ffn(block.normed(x)[:, None])[:, 0]
+        else:
+            h = ffn(block.normed(x))
+        h = tap_row(m["hook_ffn_out"], h)
+        return tap_row(m["hook_resid_post"], block.add(x, h))

@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.nn.hook_points import HookPoint, tap
+
 
 class MoEFeedForward(nn.Module):
     """E feed-forward experts behind a top-k router (see the module docstring).
@@ -54,6 +56,9 @@ class MoEFeedForward(nn.Module):
         self.router = nn.Linear(d_model, num_experts, bias=False)
         self.noise = nn.Linear(d_model, num_experts, bias=False) if noisy else None
         self.top_k, self.capacity_factor = top_k, capacity_factor
+        # hook points over the N tokens of a call, in row-major order: the router's logits (N, E) before
+        # any noise, and the experts each token is sent to (N, k) (a replaced choice keeps the gates' values)
+        self.hook_router_logits, self.hook_experts = HookPoint(), HookPoint()
         self.balance: Tensor | None = None  # the balance term of the last forward
         self.last_stats: dict[str, int] = {"assignments": 0, "dropped": 0}
 
@@ -63,12 +68,12 @@ class MoEFeedForward(nn.Module):
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x (N, D) -> (experts (N, k), gates (N, k), router probabilities (N, E) without noise)."""
-        logits = self.router(x).float()
+        logits = tap(self.hook_router_logits, self.router(x).float())
         noisy = logits
         if self.training and self.noise is not None:
             noisy = logits + torch.randn_like(logits) * F.softplus(self.noise(x).float())
         top, experts = noisy.topk(self.top_k, dim=-1)
-        return experts, top.softmax(-1), logits.softmax(-1)
+        return tap(self.hook_experts, experts), top.softmax(-1), logits.softmax(-1)
 
     def capacity(self, n_tokens: int) -> int | None:
         """Assignments one expert takes from a batch of n_tokens in training; None = all."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnlab.nn.hook_points import HookPoint, tap
 from attnlab.nn.kernels import attention_weights
 
 CELLS = ("rnn", "lstm", "gru")
@@ -180,7 +181,14 @@ class ConvEncoder(nn.Module):
 
 
 class RecurrentAttention(nn.Module):
-    """Base: scores e (B, Tq, S) of queries over keys; forward returns (context, weights)."""
+    """Base: scores e (B, Tq, S) of queries over keys; forward returns (context, weights).
+
+    Hook point `hook_pattern`: the weights (B, 1, Tq, S) (the alignment; one decoder step per call
+    for the additive attention); a hook that replaces them gets the context computed from its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.hook_pattern = HookPoint()
 
     def scores(self, query: Tensor, keys: Tensor) -> Tensor:
         raise NotImplementedError
@@ -192,7 +200,7 @@ class RecurrentAttention(nn.Module):
         B, S, _ = keys.shape
         keep = _check_mask(mask, B, S, "src_mask")
         e = self.scores(query, keys, **score_options)[:, None]  # (B, 1, Tq, S)
-        weights = attention_weights(e, keep[:, None, None, :] if keep is not None else None)
+        weights = tap(self.hook_pattern, attention_weights(e, keep[:, None, None, :] if keep is not None else None))
         return weights[:, 0] @ keys, weights
 
 
