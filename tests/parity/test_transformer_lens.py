@@ -1,9 +1,10 @@
 """GPT-2 inside attnlab against TransformerLens on the same weights: a small random
 GPT2LMHeadModel converted with `attnlab.from_hf`, and TransformerLens's bridge built around that
 same Hugging Face model offline (raw weights: no LayerNorm folding, no centring, which would
-change the residual stream). The residual stream before, between and after each layer's
-sublayers, the attention patterns, the per-head outputs before (z) and after the output
-projection (result, bias excluded), the final norm and the logits agree within 1e-5.
+change the residual stream). Read through attnlab's hook points (`run_with_cache`), the residual
+stream before, between and after each layer's sublayers, the attention patterns, the per-head
+outputs before (z) and after the output projection (result, bias excluded), the final norm and
+the logits agree with TransformerLens's `run_with_cache` within 1e-5.
 
 Layouts: TransformerLens writes per-head tensors (B, T, H, ...); attnlab (B, H, T, ...).
 """
@@ -14,7 +15,7 @@ from transformer_lens.model_bridge.sources import build_bridge_from_module
 from transformers import GPT2Config, GPT2LMHeadModel
 
 import attnlab
-from attnlab.inspect.attention_maps import attention_maps
+from attnlab.inspect.hooks import run_with_cache
 
 V, D, H, L, T = 97, 48, 4, 3, 9
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -39,34 +40,19 @@ def models():
 
 
 def _our_activations(model, ids):
-    """attnlab's activations under TransformerLens's names, read by hooks on attnlab's modules."""
-    got, handles = {}, []
-
-    def keep(name, read):
-        return lambda mod, args, *out: got.__setitem__(name, read(args, out))
-
+    """attnlab's activations by its hook-point names, under TransformerLens's names, in its layouts."""
+    names = ["layers.*.hook_resid_pre", "layers.*.hook_resid_mid", "layers.*.hook_resid_post",
+             "layers.*.self_attn.hook_pattern", "layers.*.self_attn.hook_z", "layers.*.self_attn.hook_result",
+             "hook_final"]
+    with torch.no_grad():
+        logits, cache = run_with_cache(model, ids, names=names)
+    got = {"logits": logits, "ln_final.hook_out": cache["hook_final"]}
     for i in range(L):
-        layer = model.layers[i]
-        handles += [
-            layer.register_forward_pre_hook(keep(f"blocks.{i}.hook_resid_pre", lambda a, o: a[0])),
-            layer.ffn_block.norm.register_forward_pre_hook(keep(f"blocks.{i}.hook_resid_mid", lambda a, o: a[0])),
-            layer.register_forward_hook(keep(f"blocks.{i}.hook_resid_post", lambda a, o: o[0])),
-            layer.self_attn.out_proj.register_forward_pre_hook(keep(f"blocks.{i}.attn.hook_z", lambda a, o: a[0])),
-        ]
-    handles.append(model.final_norm.register_forward_hook(keep("ln_final.hook_out", lambda a, o: o[0])))
-    try:
-        with torch.no_grad():
-            got["logits"] = model(ids)
-    finally:
-        for h in handles:
-            h.remove()
-    maps = attention_maps(model, ids)
-    for i in range(L):
-        got[f"blocks.{i}.attn.hook_pattern"] = maps[f"layers.{i}.self_attn"]
-        z = got[f"blocks.{i}.attn.hook_z"].unflatten(-1, (H, D // H))  # (B, T, H, Dh)
-        w = model.layers[i].self_attn.out_proj.weight.unflatten(1, (H, D // H))  # (D, H, Dh)
-        got[f"blocks.{i}.attn.hook_z"] = z
-        got[f"blocks.{i}.attn.hook_result"] = torch.einsum("bthd,ehd->bthe", z, w)  # each head's share, no bias
+        for ours, theirs in (("hook_resid_pre", "hook_resid_pre"), ("hook_resid_mid", "hook_resid_mid"),
+                             ("hook_resid_post", "hook_resid_post"), ("self_attn.hook_pattern", "attn.hook_pattern")):
+            got[f"blocks.{i}.{theirs}"] = cache[f"layers.{i}.{ours}"]
+        for point in ("hook_z", "hook_result"):  # (B, H, T, ...) -> (B, T, H, ...)
+            got[f"blocks.{i}.attn.{point}"] = cache[f"layers.{i}.self_attn.{point}"].transpose(1, 2)
     return got
 
 
