@@ -317,6 +317,11 @@ def _attribute(args: argparse.Namespace) -> int:
         inputs = (torch.tensor([src]), torch.tensor([tgt]))
     else:
         tgt, inputs = None, (torch.tensor([src]),)
+    if args.method in ("ig", "grad_x_input") and not has_source and getattr(model, "head", None) is None:
+        raise ValueError(f"--method {args.method} scores a predicted token; {args.checkpoint} holds {own.description} "
+                         "without a head (it returns hidden states): use --method rollout or flow")
+    if args.method == "logit_lens" and args.top_k > model.config.vocab_size:
+        raise ValueError(f"--top-k {args.top_k} is more than the {model.config.vocab_size} tokens of the vocabulary")
     side = args.side or ("source" if has_source else None)
     shown = tgt if side == "target" else src
     labels = token_labels(shown, tok)
@@ -340,7 +345,8 @@ def _attribute(args: argparse.Namespace) -> int:
                 raise ValueError("--target encodes to no tokens")
         common = dict(target=target, position=args.position, side=side)
         if args.method == "ig":
-            att = integrated_gradients(model, *inputs, steps=args.steps, baseline=args.baseline, **common)
+            att = integrated_gradients(model, *inputs, steps=args.steps, baseline=args.baseline, batch_points=32,
+                                       **common)  # 32 points per forward pass: memory stays bounded
         else:
             att = gradient_x_input(model, *inputs, **common)
         if not has_source:

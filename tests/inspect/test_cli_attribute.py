@@ -99,6 +99,9 @@ def test_encoder_decoder_sides(tmp_path):
     ("encoder_decoder", [], "--target is needed"),
     ("encoder_decoder", ["--target", "a"], "at least 2 tokens"),
     ("rnn_encoder_decoder", ["--target", "a dog", "--method", "rollout"], "no stack of self-attention"),
+    ("encoder", [], "without a head"),
+    ("decoder", ["--method", "logit_lens", "--top-k", "1000"], "--top-k 1000"),
+    ("decoder", ["--position", "9"], "position=9"),
 ])
 def test_bad_flags_are_refused(tmp_path, arch, flags, message, capsys):
     path, _ = _checkpoint(tmp_path, arch)
