@@ -91,9 +91,9 @@ def _attribute(args: argparse.Namespace) -> int:
         result.update(target=what, scores=scores.tolist(), value=float(att.value[0]))
         line = f"{name} of {what} = {float(att.value[0]):.4f}"
         if att.delta is not None:
-            result.update(baseline=args.baseline, steps=args.steps, baseline_value=float(att.baseline_value[0]),
+            result.update(baseline=att.baseline, steps=args.steps, baseline_value=float(att.baseline_value[0]),
                           delta=float(att.delta[0]))
-            line += (f"; baseline {args.baseline} {float(att.baseline_value[0]):.4f}; completeness error "
+            line += (f"; baseline {att.baseline} {float(att.baseline_value[0]):.4f}; completeness error "
                      f"{float(att.delta[0]):.2e}")
         print(line)
         for label, v in sorted(zip(labels, scores.tolist()), key=lambda p: -abs(p[1]))[:10]:
@@ -163,8 +163,9 @@ def add_attribute_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--side", choices=("source", "target"), help="encoder-decoder: attribute to the source (default) "
                                                                 "or target tokens; rollout/flow: that side's stack")
     p.add_argument("--steps", type=positive_int, default=50, help="ig: Gauss-Legendre points (default 50)")
-    p.add_argument("--baseline", choices=("pad", "zeros"), default="pad",
-                   help="ig: the embeddings started from: the pad token's at every position (default) or zeros")
+    p.add_argument("--baseline", choices=("pad", "zeros"),
+                   help="ig: the embeddings started from: the pad token's at every position (the default where "
+                        "the model has a pad token) or zeros (the default without one, as GPT-2)")
     p.add_argument("--top-k", type=positive_int, default=3, help="logit_lens: tokens listed per layer (default 3)")
     p.add_argument("--out", default="attribution", help="output folder of the PNG and attribution.json "
                                                         "(default attribution/)")

@@ -54,7 +54,8 @@ class EmbeddingSite:
 class Attribution:
     """attributions (B, T, D); scores (B, T) = attributions summed over D; value (B,) = f(x);
     baseline_value (B,) = f(x') and delta (B,) = sum(attributions) - (f(x) - f(x')) for integrated
-    gradients (None for gradient x input); target (B,) the token ids scored (None for a metric)."""
+    gradients (None for gradient x input); target (B,) the token ids scored (None for a metric);
+    baseline: which x' (`pad`, `zeros`, `tensor`; None for gradient x input)."""
 
     attributions: Tensor
     scores: Tensor
@@ -63,6 +64,7 @@ class Attribution:
     target: Tensor | None = None
     baseline_value: Tensor | None = None
     delta: Tensor | None = None
+    baseline: str | None = None
 
 
 def integration_points(steps: int, rule: str = "gausslegendre") -> tuple[list[float], list[float]]:
@@ -310,15 +312,15 @@ def _baseline(model, site, inputs, kwargs, B, x: Tensor, baseline) -> Tensor:
 
 def integrated_gradients(model: nn.Module, *inputs: Tensor, target: int | Tensor | Callable | None = None,
                          position: int | None = -1, score: str = "logprob", side: str | None = None,
-                         baseline: str | Tensor = "pad", steps: int = 50, method: str = "gausslegendre",
+                         baseline: str | Tensor | None = None, steps: int = 50, method: str = "gausslegendre",
                          batch_points: int | None = None, **kwargs) -> Attribution:
     """Integrated gradients at the embeddings of one side, from `baseline` to the input.
 
     Args:
         model, inputs, kwargs, target, position, score, side: as `gradient_x_input`.
-        baseline: x' = `pad` (default: the embedding module's output on the pad token at every
-            position: positions and segments stay, the tokens go), `zeros`, or a tensor (B, T, D) /
-            (T, D). Zeros sit badly with a LayerNorm right after the embeddings (post-LN layers,
+        baseline: x' = `pad` (the embedding module's output on the pad token at every position:
+            positions and segments stay, the tokens go), `zeros`, or a tensor (B, T, D) / (T, D);
+            None (default): `pad` where the config has a pad_token_id, else `zeros` (GPT-2). Zeros sit badly with a LayerNorm right after the embeddings (post-LN layers,
             BERT's embedding norm): LN(alpha x) = LN(x) for all but the smallest alpha, so f
             jumps next to alpha = 0, where no quadrature looks, and `delta` is large.
         steps: quadrature points.
@@ -342,6 +344,8 @@ def integrated_gradients(model: nn.Module, *inputs: Tensor, target: int | Tensor
             output, x = _forward(model, site, inputs, kwargs, 1, B)
             f.resolve(output)
             value = f(output)
+            if baseline is None:
+                baseline = "pad" if getattr(model.config, "pad_token_id", None) is not None else "zeros"
             base = _baseline(model, site, inputs, kwargs, B, x, baseline)
             base_value = f(_forward(model, site, inputs, kwargs, 1, B, replace=lambda out: base)[0])
         total = torch.zeros_like(x, dtype=torch.float32)
@@ -356,4 +360,5 @@ def integrated_gradients(model: nn.Module, *inputs: Tensor, target: int | Tensor
                 total += (grad.float().view(n, *x.shape) * w[:, None, None, None]).sum(0)
     a = (x - base).float() * total
     delta = a.sum((1, 2)) - (value - base_value)
-    return Attribution(a, a.sum(-1), value, site.name, target=f.target, baseline_value=base_value, delta=delta)
+    return Attribution(a, a.sum(-1), value, site.name, target=f.target, baseline_value=base_value, delta=delta,
+                       baseline=baseline if isinstance(baseline, str) else "tensor")

@@ -141,7 +141,8 @@ def test_zero_baseline_behind_a_layernorm_shows_in_delta():
     model = _model("decoder", norm_placement="post", position={"scheme": "learned", "max_len": 16})
     inputs = _inputs("decoder")
     zeros = integrated_gradients(model, *inputs, baseline="zeros", steps=32)
-    pad = integrated_gradients(model, *inputs, steps=32)
+    pad = integrated_gradients(model, *inputs, steps=32)  # the default where the config has a pad token
+    assert pad.baseline == "pad" and zeros.baseline == "zeros"
     assert zeros.delta.abs().max() > 0.2 * (zeros.value - zeros.baseline_value).abs().max()
     assert pad.delta.abs().max() < 1e-2 * (pad.value - pad.baseline_value).abs().max()
 
