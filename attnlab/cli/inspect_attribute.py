@@ -106,6 +106,9 @@ def _attribute(args: argparse.Namespace) -> int:
         stack = {"source": "encoder", "target": "decoder"}.get(side) if has_source else None
         maps = self_attention_maps(model, *inputs, stack=stack)
         rollouts = [attention_rollout(maps[:l + 1])[0] for l in range(len(maps))]
+        if args.method == "flow":
+            print(f"attention flow: {len(labels) ** 2} max-flow problems through {len(maps)} layers "
+                  "(seconds for a sentence, minutes for a paragraph)")
         flow = attention_flow(maps)[0] if args.method == "flow" else None
         shown_map = flow if flow is not None else rollouts[-1]
         title = f"attention {args.method} over {len(maps)} layers (rows: positions, columns: input tokens)"

@@ -128,7 +128,9 @@ def attention_flow(maps: Sequence[Tensor], residual: float = 0.5, normalize: boo
         normalize: divide each row by its sum (the paper's presentation); False keeps the raw
             flow values, each at most 1.
 
-    Cost: B T^2 max-flow problems on (L + 1) T nodes, in Python: meant for sentences, not pages.
+    Cost: B T^2 max-flow problems on (L + 1) T nodes, in Python: meant for sentences, not pages
+    (one CPU core shared with other work: 16 tokens through 6 layers 1.2 s, 32 tokens through 4
+    layers 13 s, through 12 layers 100 s; rollout takes milliseconds).
 
     Raises:
         ValueError: as `attention_rollout`.
