@@ -327,6 +327,8 @@ class ModelConfig:
     arch: `decoder` (GPT), `encoder` (BERT) or `encoder_decoder` (the original Transformer, T5).
     num_layers: layers of the (only, or encoder) stack; num_decoder_layers: the decoder
         stack of an encoder-decoder (None = num_layers).
+    d_ff: the feed-forward's hidden width; 0 = no feed-forward sublayer, an attention-only
+        Transformer (each layer is its attention sublayers only: Elhage et al. 2021).
     head: what `forward` returns on top of the last hidden state — `lm` (next-token logits),
         `mlm` (BERT's transform + tied decoder), `classification` (num_labels logits),
         `token_classification` (num_labels logits per token, (B, T, num_labels)),
@@ -387,8 +389,9 @@ class ModelConfig:
         check_types(self)
         choice("arch", self.arch, FAMILY_TRAITS)
         family = FAMILY_TRAITS[self.arch]
-        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "d_ff", "num_labels"):
+        for name in ("vocab_size", "d_model", "num_layers", "num_heads", "num_labels"):
             positive(name, getattr(self, name), integer=True)
+        non_negative("d_ff", self.d_ff, integer=True)
         for name in ("num_decoder_layers", "head_dim", "src_vocab_size"):
             positive(name, getattr(self, name), integer=True, optional=True)
         choice("activation", self.activation, _registry("activation"))
@@ -433,6 +436,9 @@ class ModelConfig:
         if self.moe.num_experts and family.recurrent:
             raise ConfigError("moe.num_experts", "experts replace a Transformer layer's feed-forward; "
                               f"arch={self.arch!r} has none")
+        if self.moe.num_experts and not self.d_ff:
+            raise ConfigError("moe.num_experts", "experts replace a layer's feed-forward, and d_ff=0 asks for "
+                              "attention-only layers: set d_ff > 0 or moe.num_experts 0")
 
     def _head_refusal(self, family: FamilyTraits) -> str:
         """Why `head` does not fit the arch (whose traits are `family`), saying what does."""

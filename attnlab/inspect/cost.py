@@ -142,7 +142,8 @@ def _stack_rows(cfg: ModelConfig, prefix: str, n: int, T: int, cross_len: int | 
         rows += _attention_rows(cfg, f"{p}.self_attn", layer.self_attn, T, T, params)
         if cross_len is not None:
             rows += _attention_rows(cfg, f"{p}.cross_attn", layer.cross_attn, T, cross_len, params)
-        rows.append(_ffn_row(cfg, f"{p}.ffn", layer.ffn, T, params))
+        if layer.ffn is not None:  # (attention-only layers have none)
+            rows.append(_ffn_row(cfg, f"{p}.ffn", layer.ffn, T, params))
         norms = _sum(params, f"{p}.", ("_block.",))
         rows.append(CostRow(f"{p}.norms", norms, 0, 0))
     return rows

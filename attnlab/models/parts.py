@@ -62,7 +62,7 @@ def _attention(cfg: ModelConfig, *, self_attention: bool, causal: bool = False, 
 def transformer_layers(cfg: ModelConfig, n: int, *, cross: bool, causal: bool = False,
             token_ids: TokenIds | None = None) -> list[TransformerLayer]:
     norm = partial(make_norm, cfg.norm, cfg.d_model, cfg.norm_eps, cfg.norm_bias)
-    return [
+    layers = [
         TransformerLayer(
             _attention(cfg, self_attention=True, causal=causal, layer=i, token_ids=token_ids),
             _feed_forward(cfg, i),
@@ -71,10 +71,15 @@ def transformer_layers(cfg: ModelConfig, n: int, *, cross: bool, causal: bool = 
         )
         for i in range(n)
     ]
+    return layers
 
 
-def _feed_forward(cfg: ModelConfig, layer: int) -> nn.Module:
-    """Layer `layer`'s feed-forward: plain, or E of them behind a router (`cfg.moe`)."""
+def _feed_forward(cfg: ModelConfig, layer: int) -> nn.Module | None:
+    """Layer `layer`'s feed-forward: plain, E of them behind a router (`cfg.moe`), or none (d_ff=0:
+    attention-only layers)."""
+    if not cfg.d_ff:
+        return None
+
     def make() -> FeedForward:
         return FeedForward(cfg.d_model, cfg.d_ff, cfg.activation, bias=cfg.ffn_bias)
 

@@ -101,7 +101,8 @@ class Residual(nn.Module):
 class TransformerLayer(nn.Module):
     """Self-attention, optional cross-attention to a memory, feed-forward; each in a Residual.
 
-    An encoder layer has no cross-attention; a decoder layer of an encoder-decoder has one.
+    An encoder layer has no cross-attention; a decoder layer of an encoder-decoder has one. An
+    attention-only layer (`ffn=None`; d_ff=0 in a ModelConfig) has no feed-forward sublayer.
     Causality is the mask's business, not the layer's.
 
     Hook points (`attnlab.nn.hook_points`), each (B, T, D): `hook_resid_pre` (the layer's input),
@@ -110,7 +111,7 @@ class TransformerLayer(nn.Module):
     cross-attention, in layers that have one), `hook_ffn_out`, `hook_resid_post` (the layer's output).
     """
 
-    def __init__(self, self_attn: MultiHeadAttention, ffn: FeedForward, *, make_norm: Callable[[], nn.Module],
+    def __init__(self, self_attn: MultiHeadAttention, ffn: nn.Module | None, *, make_norm: Callable[[], nn.Module],
                  placement: str = "post", dropout: float = 0.1, cross_attn: MultiHeadAttention | None = None):
         super().__init__()
         self.self_attn = self_attn
@@ -118,11 +119,13 @@ class TransformerLayer(nn.Module):
         self.cross_attn = cross_attn
         self.cross_attn_block = Residual(make_norm, placement, dropout) if cross_attn is not None else None
         self.ffn = ffn
-        self.ffn_block = Residual(make_norm, placement, dropout)
+        self.ffn_block = Residual(make_norm, placement, dropout) if ffn is not None else None
         self.hook_resid_pre, self.hook_attn_out, self.hook_resid_mid = HookPoint(), HookPoint(), HookPoint()
         if cross_attn is not None:
             self.hook_cross_out, self.hook_resid_cross = HookPoint(), HookPoint()
-        self.hook_ffn_out, self.hook_resid_post = HookPoint(), HookPoint()
+        if ffn is not None:
+            self.hook_ffn_out = HookPoint()
+        self.hook_resid_post = HookPoint()
 
     def forward(self, x: Tensor, mask: Tensor | None = None, *, bias: Tensor | None = None,
                 positions: Tensor | None = None, key_positions: Tensor | None = None,
@@ -148,8 +151,9 @@ class TransformerLayer(nn.Module):
             h, _ = self.cross_attn(block.normed(x), memory, mask=memory_mask, cache=cache)
             x = tap(m["hook_resid_cross"], block.add(x, tap(m["hook_cross_out"], h)))
         block = self.ffn_block
-        h = tap(m["hook_ffn_out"], self.ffn(block.normed(x)))
-        return tap(m["hook_resid_post"], block.add(x, h))
+        if block is not None:
+            x = block.add(x, tap(m["hook_ffn_out"], self.ffn(block.normed(x))))
+        return tap(m["hook_resid_post"], x)
 
     def step(self, x: Tensor, kv: LayerKV, step: Step) -> Tensor:
         """`forward` for one new token per row while decoding: x (N, D) -> (N, D), the same
@@ -166,12 +170,12 @@ class TransformerLayer(nn.Module):
             block = m["cross_attn_block"]
             h = tap_row(m["hook_cross_out"], cross_attn.step(block.normed(x), kv, step))
             x = tap_row(m["hook_resid_cross"], block.add(x, h))
-        block = m["ffn_block"]
-        ffn = m["ffn"]
-        hidden = ffn._modules.get("hook_hidden")  # (a mixture of experts has none)
-        if hidden is not None and hidden.hooked:  # its hook sees (N, 1, F)
-            h = ffn(block.normed(x)[:, None])[:, 0]
-        else:
-            h = ffn(block.normed(x))
-        h = tap_row(m["hook_ffn_out"], h)
-        return tap_row(m["hook_resid_post"], block.add(x, h))
+        block, ffn = m["ffn_block"], m["ffn"]
+        if block is not None:
+            hidden = ffn._modules.get("hook_hidden")  # (a mixture of experts has none)
+            if hidden is not None and hidden.hooked:  # its hook sees (N, 1, F)
+                h = ffn(block.normed(x)[:, None])[:, 0]
+            else:
+                h = ffn(block.normed(x))
+            x = block.add(x, tap_row(m["hook_ffn_out"], h))
+        return tap_row(m["hook_resid_post"], x)

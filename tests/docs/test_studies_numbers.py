@@ -201,9 +201,38 @@ def vit_digits() -> list[list[str]]:
     return rows
 
 
+def induction_heads_training() -> list[list[str]]:
+    history = {h["step"]: h for h in _load("studies/induction_heads/results.json")["history"]}
+    rows = [["step", "first copy: loss", "repeated copy: loss", "best layer-1 induction score",
+             "best layer-0 previous-token score"]]
+    for step in (0, 500, 600, 650, max(history)):
+        h = history[step]
+        rows.append([f"{step:,}", f"{h['first']:.2f}", f"{h['repeat']:.2f}", f"{max(h['induction'][1]):.2f}",
+                     f"{max(h['previous'][0]):.2f}"])
+    return rows
+
+
+def induction_heads() -> list[list[str]]:
+    data = _load("studies/induction_heads/results.json")
+    last = data["history"][-1]
+    rows = [["heads", "induction score", "previous-token score", "repeated-copy loss, zeroed", "patching: recovered"]]
+    for ablation, patched in zip(data["ablation"], data["patching"]["heads"]):
+        name = ablation["heads"]
+        if name in data["groups"]:
+            heads = [f"L{layer}H{head}" for layer, head in data["groups"][name]]
+            label, scores = f"{name} ({', '.join(heads)})", ["-", "-"]
+        else:
+            layer, head = int(name[1]), int(name[3:])
+            label, scores = name, [f"{last['induction'][layer][head]:.2f}", f"{last['previous'][layer][head]:.2f}"]
+        recovered = round(patched["recovered"], 2) + 0.0  # + 0.0: no "-0.00"
+        rows.append([label] + scores + [f"{ablation['zero']:.2f}", f"{recovered:.2f}"])
+    return rows
+
+
 TABLES = {f.__name__: f for f in (rnn_vs_transformer, rnn_vs_transformer_batches, translation, positions,
                                   attention_cost, attention_cost_quick, pretraining_pays, pretraining_curves,
-                                  pretraining_budget, summarisation, vit_digits)}
+                                  pretraining_budget, summarisation, vit_digits, induction_heads_training,
+                                  induction_heads)}
 
 # Numbers a study's prose may use that are its settings, not its measurements (marks, budgets,
 # lengths, model sizes, papers' years), by the heading of its section on the page.
@@ -215,6 +244,7 @@ SETTINGS = {
     "Does pretraining pay?": {"4", "256", "50", "3", "6000", "1500", "150", "8"},
     "Summarisation at equal time": {"2018", "10", "8", "2", "5", "500"},
     "Attention over image patches (ViT)": {"8", "2", "4", "120"},
+    "Induction heads": {"2022", "2", "4", "64", "8", "20", "41", "63", "900"},
 }
 
 
