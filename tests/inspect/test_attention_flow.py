@@ -64,6 +64,19 @@ def test_max_flow_equals_the_minimum_cut_on_a_layered_graph():
         assert max_flow(cap, j, 6 + i) == pytest.approx(_min_cut(cap, j, 6 + i), abs=1e-9)
 
 
+@pytest.mark.parametrize("L", [2, 3, 4])
+def test_flow_equals_the_max_flow_of_the_whole_layered_graph(L):
+    """attention_flow solves each pair on the graph without the other inputs and outputs: the same
+    value as the whole graph's max-flow (itself checked against every cut above)."""
+    g = torch.Generator().manual_seed(L)
+    maps = [torch.rand(1, 2, 4, 4, generator=g).softmax(-1) for _ in range(L)]
+    flows = attention_flow(maps, normalize=False)[0]
+    layers = [0.5 * m[0].double().mean(0) + 0.5 * torch.eye(4, dtype=torch.float64) for m in maps]
+    cap = flow_graph(layers)
+    for i, j in itertools.product(range(4), range(4)):
+        assert float(flows[i, j]) == pytest.approx(max_flow(cap, j, L * 4 + i), abs=1e-6)
+
+
 def test_max_flow_takes_back_flow_that_blocks_a_better_route():
     """s=0 -> x1=1, x2=2 -> y1=3, y2=4 -> t=5: the shortest path through x1 and y1, tried first,
     blocks x2's only route; the maximum (2) needs the flow x1 -> y1 sent back."""
