@@ -1,5 +1,5 @@
-"""`attnlab inspect`: look inside models — attention maps, activation patching, cost, gradient flow,
-rank collapse, kernel regression."""
+"""`attnlab inspect`: look inside models — attention maps, activation patching, attribution, cost,
+gradient flow, rank collapse, kernel regression."""
 
 from __future__ import annotations
 
@@ -340,3 +340,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="kernel_regression.png")
     p.set_defaults(func=_kernel_regression)
+
+    from attnlab.cli.inspect_attribute import add_attribute_parser
+
+    add_attribute_parser(sub)
