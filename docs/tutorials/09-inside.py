@@ -52,7 +52,9 @@ import torch.nn.functional as F
 
 from attnlab import ModelConfig, build_model
 from attnlab.inspect.ablation import ablate
-from attnlab.inspect.hooks import hooks, run_with_cache
+from attnlab.inspect.attribution import integrated_gradients
+from attnlab.inspect.hooks import run_with_cache
+from attnlab.inspect.logit_lens import logit_lens
 from attnlab.inspect.patching import activation_patching
 
 torch.manual_seed(0)
@@ -224,7 +226,7 @@ for name, row in zip(result.rows, result.values):
 # the second copy; `normalised()` maps the corrupted run to 0 and the clean one to 1.
 
 # %%
-clean_rows, second, _ = batch(32, torch.Generator().manual_seed(3))
+clean_rows, second, source = batch(32, torch.Generator().manual_seed(3))
 corrupted_rows, _, _ = batch(32, torch.Generator().manual_seed(3), corrupt=True)  # the same draws, but the copy
 heads = activation_patching(model, clean_rows, corrupted_rows, copy_logprob(clean_rows, second),
                             "layers.*.self_attn.hook_z", by="head")
@@ -243,3 +245,84 @@ print("recovered per head:", [[round(v, 2) for v in row] for row in score.tolist
 #
 # `attnlab inspect patch RUN --clean "..." --corrupted "..." --target ...` runs the same sweeps on
 # a saved model from the command line and writes the heatmaps.
+#
+# ## 5. Attribution: which input tokens a prediction rests on
+#
+# Patching asks about components; attribution asks about inputs. **Integrated gradients**
+# (Sundararajan et al. 2017) integrate the gradient of the prediction's log-probability along
+# the straight path from a baseline (here zeros in place of the embeddings: the model has no pad
+# token) to the real input, and multiply by the difference; the scores add up to f(input) -
+# f(baseline), up to the quadrature error that `delta` reports. The circuit reads two tokens for
+# a prediction in the second copy: the current one (A, to find its earlier occurrence) and the
+# token after that occurrence (B, the answer, which it copies). Does the attribution say so?
+
+# %%
+table = {"current token A": [], "the answer B (copied)": [], "A's earlier occurrence": [], "any other (mean |score|)": []}
+for b in range(8):
+    t = int(second[b].nonzero()[3])  # the 4th predictable position of the second copy
+    row, answer = clean_rows[b:b + 1], int(source[b, t])
+    attribution = integrated_gradients(model, row, target=int(row[0, t + 1]), position=t, steps=32)
+    scores = attribution.scores[0, :t + 1]
+    others = [i for i in range(t + 1) if i not in (t, answer, answer - 1)]
+    for key, value in zip(table, (scores[t], scores[answer], scores[answer - 1], scores[others].abs().mean())):
+        table[key].append(round(float(value), 2))
+    if b == 0:
+        first = scores, t, answer, attribution.delta.item()
+for key, values in table.items():
+    print(f"{key:26s}", values)
+scores, t, answer, delta = first
+plt.figure(figsize=(8, 2))
+plt.bar(range(t + 1), scores)
+plt.axvline(answer, color="tab:red", ls="--"); plt.axvline(t, color="tab:green", ls="--")
+plt.xlabel("input position"); plt.ylabel("attribution")
+plt.title(f"row 0: integrated gradients (green: A, red: B; delta {delta:.1e})")
+plt.tight_layout(); plt.show()
+
+# %% [markdown]
+# Integrated gradients give almost all of the credit to the current token, and to the answer a
+# small score whose sign changes from row to row, although the induction heads attend to the
+# answer and patching shows that their outputs carry it. The two answer different questions:
+# along the path from all-zeros, the prediction changes most when the current token appears
+# (without it there is nothing to look for); the copied token matters only once the match is
+# found, near the end of
+# the path. An attribution method is a choice of question (baseline, path, score), not a reading
+# of the mechanism; Jain & Wallace (2019) and Wiegreffe & Pinter (2019) argue the same about
+# attention weights.
+
+# %% [markdown]
+# **The logit lens** reads the residual stream after each layer through the final norm and the
+# output head: what the model would predict if it stopped there. After layer 0 the stream holds
+# the current token and its predecessor, not the answer; only after layer 1 (the induction
+# heads) does the right token come out on top.
+
+# %%
+lens = logit_lens(model, clean_rows)  # (L, B, T, V)
+targets = clean_rows[:, 1:]
+mask = second[:, :-1]
+for layer in range(lens.shape[0]):
+    right = (lens[layer, :, :-1].argmax(-1) == targets)[mask].float().mean()
+    print(f"after layer {layer}: the right next token is the top prediction at {right:.0%} of the second copy")
+
+# %% [markdown]
+# ## What next
+#
+# `docs/how-to/inspect.md` lists every hook point and the patching, ablation and attribution
+# calls. The studies measure the same tools at full budget: the induction-heads study (when the
+# circuit forms during training, with its loss bump) and the alignment study (does attention give
+# word alignment for free?), in [the studies](../studies/index.md).
+
+# %% [markdown]
+# ## Exercises
+#
+# 1. **Keys or queries?** Path-patch each layer-0 head through the layer-1 heads' keys, then
+#    their queries (`attnlab.inspect.path_patching.path_patching`, receivers
+#    `"layers.1.self_attn.hook_k"` or `"..hook_q"`): through which does the previous-token head act?
+# 2. **A shortcut.** Train with the segment always right after BOS (no filler in front) and look
+#    at the patterns again: with absolute positions to lean on, the model may copy without an
+#    induction head. Does ablation still single out one layer-0 head?
+# 3. **When does it form?** Save the model every 100 steps (`attnlab.save`) and plot the layer-1
+#    induction scores against the loss curve: the heads appear at the drop.
+# 4. **Another baseline.** Integrated gradients from a baseline of random tokens' embeddings (pass
+#    `baseline=` a (T, D) tensor): does the copied token get its credit now?
+# 5. **From the command line.** `attnlab.save(model, "induct/")` (with a tokenizer of the 64
+#    symbols) and `attnlab inspect patch` / `attnlab inspect attribute` on it.
