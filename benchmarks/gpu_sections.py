@@ -75,12 +75,19 @@ def environment(check: Check) -> dict:
         props = torch.cuda.get_device_properties(check.device)
         out.update(gpu=props.name, capability=list(torch.cuda.get_device_capability(check.device)),
                    gpu_memory_gib=round(props.total_memory / 2 ** 30, 1), gpus=torch.cuda.device_count(),
-                   cudnn=torch.backends.cudnn.version(), nccl=".".join(map(str, torch.cuda.nccl.version())),
+                   cudnn=torch.backends.cudnn.version(), nccl=_nccl_version(),
                    bf16_native=torch.cuda.get_device_capability(check.device)[0] >= 8)
         smi = _run(["nvidia-smi", "--query-gpu=name,driver_version,power.limit,clocks.max.sm", "--format=csv,noheader"],
                    30) if _which("nvidia-smi") else None
         out["nvidia_smi"] = smi.stdout.strip() if smi is not None and smi.returncode == 0 else None
     return out
+
+
+def _nccl_version() -> str:
+    import torch
+
+    version = torch.cuda.nccl.version()  # (2, 27, 3) in recent torch, an int in older ones
+    return ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
 
 
 def _cpu_model() -> str | None:
@@ -321,8 +328,9 @@ def ddp(check: Check) -> dict:
         out["attnlab_nproc"] = (f"skipped: attnlab's data parallel runs one rank per GPU and needs 2 or more "
                                 f"(found {gpus}); tests/parallel checks it over gloo on the CPU")
         return out
-    _, out["attnlab_nproc"] = _train(check, "ddp", "--nproc", str(gpus), precision="bf16")
-    out["attnlab_nproc"]["gpus"] = gpus
+    ranks = 2 ** (min(gpus, 8).bit_length() - 1)  # a power of two: the batch of 32 splits evenly
+    _, out["attnlab_nproc"] = _train(check, "ddp", "--nproc", str(ranks), precision="bf16")
+    out["attnlab_nproc"].update(gpus=gpus, ranks=ranks)
     return out
 
 
