@@ -10,6 +10,8 @@ import json
 import os
 import platform
 import random
+import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -55,7 +57,6 @@ def require(ok: bool, message: str, details: dict | None = None) -> None:
         raise SectionFailed(message, details)
 
 
-
 def _run(cmd: list[str], timeout: float, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout, **kw)
@@ -78,7 +79,7 @@ def environment(check: Check) -> dict:
                    cudnn=torch.backends.cudnn.version(), nccl=_nccl_version(),
                    bf16_native=torch.cuda.get_device_capability(check.device)[0] >= 8)
         smi = _run(["nvidia-smi", "--query-gpu=name,driver_version,power.limit,clocks.max.sm", "--format=csv,noheader"],
-                   30) if _which("nvidia-smi") else None
+                   30) if shutil.which("nvidia-smi") else None
         out["nvidia_smi"] = smi.stdout.strip() if smi is not None and smi.returncode == 0 else None
     return out
 
@@ -98,18 +99,13 @@ def _cpu_model() -> str | None:
         return platform.processor() or None
 
 
-def _which(name: str) -> bool:
-    import shutil
-
-    return shutil.which(name) is not None
-
-
 def sdpa_kernels(check: Check) -> dict:
     """attnlab's self-attention (kernel sdpa, causal, bf16 on a GPU) under each SDPA backend alone."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from attnlab import build_model, presets
+    from gpu_measure import sync
 
     dtype = torch.bfloat16 if check.device.type == "cuda" else torch.float32
     T = check.size(1024, 32)
@@ -119,13 +115,25 @@ def sdpa_kernels(check: Check) -> dict:
     model = build_model(cfg).to(check.device, dtype).eval()
     ids = torch.randint(0, 256, (4, T), device=check.device)
     out: dict[str, Any] = {"dtype": str(dtype), "tokens": T}
+    def forward_ms() -> float:  # the median of 5 forwards, after the one that gave `got`
+        times = []
+        for _ in range(5):
+            sync(check.device)
+            t = time.perf_counter()
+            model(ids)
+            sync(check.device)
+            times.append(time.perf_counter() - t)
+        return round(1000 * statistics.median(times), 3)
+
     with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
         reference = model(ids).float()
+        out["math"] = {"runs": True, "forward_ms": forward_ms()}
     for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION):
         try:
             with torch.no_grad(), sdpa_kernel([backend]):
                 got = model(ids).float()
-            out[backend.name.lower()] = {"runs": True, "max_abs_diff_vs_math": (got - reference).abs().max().item()}
+                out[backend.name.lower()] = {"runs": True, "max_abs_diff_vs_math": (got - reference).abs().max().item(),
+                                             "forward_ms": forward_ms()}
         except RuntimeError as err:  # "No available kernel": the backend refused these inputs
             out[backend.name.lower()] = {"runs": False, "why": str(err).splitlines()[0][:300]}
     if check.device.type == "cuda":
@@ -175,8 +183,10 @@ def _train(check: Check, name: str, *extra: str, timeout: float = 300, **train) 
     require(done.returncode == 0, f"attnlab train ({name}) exited {done.returncode}: {done.stderr.strip()[-1500:]}")
     records = _metrics(out)
     summary = json.loads((out / "config.json").read_text())
+    steady = [r["tokens_per_s"] for r in records[len(records) // 2:]]  # past compilation and warm-up
     return out, {"seconds": round(seconds, 1), "steps": records[-1]["step"], "first_loss": records[0]["train_loss"],
-                 "last_loss": records[-1]["train_loss"], "precision": summary.get("precision")}
+                 "last_loss": records[-1]["train_loss"], "precision": summary.get("precision"),
+                 "tokens_per_s_median": statistics.median(steady)}
 
 
 def train_cli(check: Check) -> dict:
@@ -202,7 +212,7 @@ def train_cli(check: Check) -> dict:
     else:
         _, results["compile"] = _train(check, "compiled", timeout=420, precision="bf16", compile=True)
         eager = results["bf16"]
-        results["compile"]["speedup_vs_eager_wall"] = eager["seconds"] / results["compile"]["seconds"]
+        results["compile"]["speedup_vs_eager"] = results["compile"]["tokens_per_s_median"] / eager["tokens_per_s_median"]
     # checkpoint + resume: half the steps, then --resume to the end == the whole run at once
     steps = run_config(check, check.work)["train"]["max_steps"]
     whole, _ = _train(check, "whole", precision="bf16", checkpoint_every=steps // 2)

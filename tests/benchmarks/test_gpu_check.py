@@ -98,7 +98,8 @@ def test_the_quick_sections_run_on_the_cpu(gpu_check, check, name):
     assert record["status"] == "ok", record.get("error")
     result = record["result"]
     if name == "sdpa_kernels":  # the math backend is the reference; CPU has a flash kernel of its own
-        assert result["flash_attention"] == {"runs": True, "max_abs_diff_vs_math": pytest.approx(0, abs=1e-5)}
+        flash = result["flash_attention"]
+        assert flash["runs"] and flash["max_abs_diff_vs_math"] < 1e-5 and flash["forward_ms"] > 0
     if name == "decoding":  # the same weights, fp32 greedy: the same tokens
         assert {c["same_tokens_fraction"] for c in result["cases"].values()} == {1.0}
     if name == "lora":
