@@ -39,7 +39,7 @@ test-all: $(STAMP) browser
 	$(PY) -m pytest -m ''
 
 # the GPU check's dry run: every section of benchmarks/gpu_check.py at toy sizes on the CPU, what
-# needs CUDA skipped with its reason (about 90 s on 2 cores; too long for `make test`), so that the
+# needs CUDA skipped with its reason (1-3 minutes on 2 busy cores; too long for `make test`), so that the
 # script a GPU machine runs cannot rot; fails when a section does
 gpu-check-dry: $(STAMP)
 	$(PY) benchmarks/gpu_check.py --device cpu --quick --out $${TMPDIR:-/tmp}/attnlab-gpu-check-dry.json > /dev/null

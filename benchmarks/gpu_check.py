@@ -1,12 +1,13 @@
 """The GPU path end to end, in one command: every section timed and caught on its own (one failure
 does not hide the rest), one JSON with each section's status, numbers and error.
 
-Install on a fresh GPU machine (Linux, NVIDIA driver for CUDA 12.8 or later), from the repository root:
+Install on a fresh GPU machine (Linux, an NVIDIA driver for CUDA 12.8 or later; pick the wheel index of
+your CUDA: cu126, cu128, cu130), from the repository root:
 
     python3 -m venv .venv && . .venv/bin/activate
     pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128
     pip install -e '.[test]'          # transformers, peft and the tests' references
-    python benchmarks/gpu_check.py    # about 6-8 minutes on one H100; writes benchmarks/results/gpu-check-*.json
+    python benchmarks/gpu_check.py    # writes benchmarks/results/gpu-check-*.json (sized for <= 8 min on one H100)
 
 (Not `-c constraints.txt` there: it pins the CPU wheel.) On a machine without a GPU the same
 sections run at toy sizes, skipping what needs CUDA with the reason, so the script cannot rot:

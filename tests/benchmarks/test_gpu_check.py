@@ -1,6 +1,6 @@
 """benchmarks/gpu_check.py: a failing section is recorded and the others still run, the JSON is
 written after each section, the exit status says whether one failed, and the real sections run
-at toy sizes on the CPU (the whole dry run, about 90 s here, is the slow test and a line of .ci/run)."""
+at toy sizes on the CPU (the whole dry run, 1-3 minutes here, is the slow test and a line of .ci/run)."""
 
 import importlib
 import json
