@@ -13,7 +13,7 @@ TUTORIALS := $(TUTORIAL_SOURCES:.py=.ipynb)
 # the Jupyter kernel the tutorials run in (registered in .venv by the docs stamp)
 KERNEL ?= attnlab
 
-.PHONY: demo test test-slow test-all browser clean tutorials docs docs-serve docs-check
+.PHONY: demo test test-slow test-all browser clean tutorials docs docs-serve docs-check gpu-check-dry
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,12 @@ test-slow: $(STAMP)
 
 test-all: $(STAMP) browser
 	$(PY) -m pytest -m ''
+
+# the GPU check's dry run: every section of benchmarks/gpu_check.py at toy sizes on the CPU, what
+# needs CUDA skipped with its reason (1-3 minutes on 2 busy cores; too long for `make test`), so that the
+# script a GPU machine runs cannot rot; fails when a section does
+gpu-check-dry: $(STAMP)
+	$(PY) benchmarks/gpu_check.py --device cpu --quick --out $${TMPDIR:-/tmp}/attnlab-gpu-check-dry.json > /dev/null
 
 $(DOCS_STAMP): $(STAMP) pyproject.toml constraints.txt
 	$(PIP) install --quiet -c constraints.txt -e '.[docs]'

@@ -30,6 +30,37 @@ def _unmet_requirements(requirements: list[str]) -> list[str]:
     return unmet
 
 
+DEVICES = ("cpu", "cuda")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu", choices=DEVICES,
+                     help="where the device-dependent tests (those taking the `device` fixture; select them "
+                          "with `-m device`) run: cpu (default) or cuda (benchmarks/gpu_check.py runs them so)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "device: takes the `device` fixture, so `--device cuda` moves it to a GPU "
+                                       "(set on such tests automatically)")
+    if config.getoption("--device") == "cuda" and not torch.cuda.is_available():
+        raise pytest.UsageError("--device cuda: no CUDA device is available to torch "
+                                f"{torch.__version__} (a CPU build, or no driver); run with --device cpu")
+
+
+def pytest_collection_modifyitems(config, items):
+    # `-m device` selects exactly the tests that follow --device: the fixture is the mark
+    for item in items:
+        if "device" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.device)
+
+
+@pytest.fixture
+def device(request) -> torch.device:
+    """The device that `--device` names (cpu unless asked): device-dependent tests build their
+    models, batches and runs there, so one suite checks the GPU path on a machine with a GPU."""
+    return torch.device(request.config.getoption("--device"))
+
+
 def pytest_sessionstart(session):
     # The parity tests import their reference libraries (transformers, tokenizers, tiktoken,
     # sacrebleu) plainly, so a missing one fails them instead of skipping them; this check says

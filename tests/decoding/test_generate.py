@@ -29,9 +29,10 @@ def _run(model, x, mask, mode, use_cache, **kw):
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("mode", ["greedy", "sample", "beam"])
-def test_decoder_cached_equals_uncached_with_left_padding(scheme, mode):
-    model = tiny("decoder", scheme)
+def test_decoder_cached_equals_uncached_with_left_padding(scheme, mode, device):
+    model = tiny("decoder", scheme).to(device)
     x, mask = left_padded([6, 3, 1, 5])
+    x, mask = x.to(device), mask.to(device)
     cached = _run(model, x, mask, mode, True)
     full = _run(model, x, mask, mode, False)
     assert cached.shape[1] > x.shape[1]

@@ -40,9 +40,11 @@ def inputs(arch: str, tok: Tokenizer) -> tuple[list[int], list[int] | None]:
 
 
 def reference_maps(model, src: list[int], tgt: list[int] | None) -> dict[str, torch.Tensor]:
-    """The capture's weights of the one example, (H, Tq, Tk) per module."""
-    args = [torch.tensor([src])] + ([torch.tensor([tgt])] if tgt is not None else [])
-    return {n: w[0] for n, w in attention_maps(model, *args).items()}
+    """The capture's weights of the one example, (H, Tq, Tk) per module, on the CPU (the model's device
+    runs it)."""
+    device = next(model.parameters()).device
+    args = [torch.tensor([src], device=device)] + ([torch.tensor([tgt], device=device)] if tgt is not None else [])
+    return {n: w[0].cpu() for n, w in attention_maps(model, *args).items()}
 
 
 def decode_page(html: str) -> tuple[dict, dict[str, dict]]:
@@ -69,8 +71,8 @@ def tok():
 
 
 @pytest.mark.parametrize("arch", ["decoder", "encoder", "encoder_decoder", "rnn_encoder_decoder"])
-def test_embedded_weights_decode_to_the_captured_ones(arch, tok):
-    model = tiny_model(arch, tok)
+def test_embedded_weights_decode_to_the_captured_ones(arch, tok, device):
+    model = tiny_model(arch, tok).to(device)
     src, tgt = inputs(arch, tok)
     data, maps = decode_page(attention_html(model, src, tgt, tokenizer=tok))
     ref = reference_maps(model, src, tgt)

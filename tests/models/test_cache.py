@@ -10,19 +10,19 @@ from .helpers import SCHEMES, assert_cached_steps_equal_full, ids, left_padded, 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("variant", [{}, {"attention": {"num_kv_heads": 2}}])
-def test_decoder_cached_steps_equal_full_forward(scheme, variant):
-    model = tiny("decoder", scheme, **variant)
+def test_decoder_cached_steps_equal_full_forward(scheme, variant, device):
+    model = tiny("decoder", scheme, **variant).to(device)
     x, mask = left_padded([5, 3, 1])
-    cache, x = assert_cached_steps_equal_full(model, x, mask, steps=6)
+    cache, x = assert_cached_steps_equal_full(model, x.to(device), mask.to(device), steps=6)
     assert cache.length == x.shape[1]
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
-def test_encoder_decoder_cached_steps_equal_full_forward(scheme):
-    model = tiny("encoder_decoder", scheme)
-    src = ids(2, 7)
-    src_mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
-    tgt = ids(2, 1)
+def test_encoder_decoder_cached_steps_equal_full_forward(scheme, device):
+    model = tiny("encoder_decoder", scheme).to(device)
+    src = ids(2, 7).to(device)
+    src_mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3], device=device)
+    tgt = ids(2, 1).to(device)
     cache = KVCache(max_len=8)
     with torch.no_grad():
         memory = model.encode(src, src_mask)

@@ -63,11 +63,11 @@ def test_rotary_breaks_permutation_equivariance():
     assert not torch.allclose(out_perm, out[:, perm], atol=1e-4)
 
 
-def test_fully_masked_query_gives_zeros_not_nan():
-    x = torch.randn(1, 3, D)
-    mask = torch.tensor([[False, False, False], [True, False, False], [True, True, True]])
+def test_fully_masked_query_gives_zeros_not_nan(device):
+    x = torch.randn(1, 3, D).to(device)
+    mask = torch.tensor([[False, False, False], [True, False, False], [True, True, True]], device=device)
     for kernel in ("eager", "sdpa"):
-        attn = mha(kernel=kernel, bias=False)
+        attn = mha(kernel=kernel, bias=False).to(device)
         out, _ = attn(x, mask=mask)
         assert torch.isfinite(out).all()
         assert (out[0, 0] == 0).all()
@@ -79,7 +79,7 @@ FUSED_SCORES = ["scaled_dot", "dot", "cosine", "general", "gaussian"]
 POSITIONS = ["none", "rotary", "relative_keys", "alibi", "t5_bias"]
 
 
-def _variant(score, position, num_kv_heads):
+def _variant(score, position, num_kv_heads, device):
     kw = dict(num_kv_heads=num_kv_heads)
     if position == "rotary":
         kw["rotary"] = RotaryEmbedding(D // H, rotary_dim=4)
@@ -87,23 +87,23 @@ def _variant(score, position, num_kv_heads):
         kw["relative"] = RelativePositions(D // H, max_distance=3, values=False)
     eager, fused = mha(score, "eager", **kw), mha(score, "sdpa", **kw)
     fused.load_state_dict(eager.state_dict())
-    return eager, fused
+    return eager.to(device), fused.to(device)
 
 
 @pytest.mark.parametrize("score, position, num_kv_heads",
                          list(itertools.product(FUSED_SCORES, POSITIONS, [None, 2, 1])))
-def test_sdpa_equals_eager(score, position, num_kv_heads):
-    eager, fused = _variant(score, position, num_kv_heads)
+def test_sdpa_equals_eager(score, position, num_kv_heads, device):
+    eager, fused = _variant(score, position, num_kv_heads, device)
     assert fused.uses_fused_kernel() and not eager.uses_fused_kernel()
-    x = torch.randn(2, 9, D, requires_grad=True)
+    x = torch.randn(2, 9, D).to(device).requires_grad_()
     am = torch.tensor([[1] * 9, [1] * 6 + [0] * 3])
-    mask = causal_mask(9)[None, None] & padding_mask(am)
-    pos = torch.arange(9)[None]
+    mask = (causal_mask(9)[None, None] & padding_mask(am)).to(device)
+    pos = torch.arange(9)[None].to(device)
     bias = None
     if position == "alibi":
-        bias = ALiBi(H)(pos, pos)
+        bias = ALiBi(H).to(device)(pos, pos)
     if position == "t5_bias":
-        bias = T5RelativeBias(H, 32, 128, bidirectional=False)(pos, pos)
+        bias = T5RelativeBias(H, 32, 128, bidirectional=False).to(device)(pos, pos)
     outs, grads = [], []
     for attn in (eager, fused):
         out, _ = attn(x, mask=mask, bias=bias, q_pos=pos, k_pos=pos)
@@ -114,11 +114,12 @@ def test_sdpa_equals_eager(score, position, num_kv_heads):
         torch.testing.assert_close(g_eager, g_fused, atol=1e-5, rtol=1e-4)
 
 
-def test_cross_attention_sdpa_equals_eager():
+def test_cross_attention_sdpa_equals_eager(device):
     eager, fused = mha(kernel="eager", cross_attention=True), mha(kernel="sdpa", cross_attention=True)
     fused.load_state_dict(eager.state_dict())
-    x, mem = torch.randn(2, 4, D), torch.randn(2, 7, D)
-    mem_mask = padding_mask(torch.tensor([[1] * 7, [1] * 3 + [0] * 4]))
+    eager, fused = eager.to(device), fused.to(device)
+    x, mem = torch.randn(2, 4, D).to(device), torch.randn(2, 7, D).to(device)
+    mem_mask = padding_mask(torch.tensor([[1] * 7, [1] * 3 + [0] * 4])).to(device)
     torch.testing.assert_close(eager(x, mem, mask=mem_mask)[0], fused(x, mem, mask=mem_mask)[0], atol=1e-5, rtol=1e-5)
 
 

@@ -24,8 +24,9 @@ def _tiny(arch: str = "decoder", **kw) -> nn.Module:
 
 
 def _inputs(model: nn.Module, T: int = 9) -> tuple:
+    """Token ids for `model`, on the device of its weights."""
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, model.config.vocab_size, (2, T), generator=g)
+    ids = torch.randint(3, model.config.vocab_size, (2, T), generator=g).to(next(model.parameters()).device)
     return (ids, ids[:, :5]) if model.config.arch == "encoder_decoder" else (ids,)
 
 
@@ -44,8 +45,8 @@ def _base_copy(model: nn.Module) -> nn.Module:
 
 
 @pytest.mark.parametrize("arch", ["decoder", "encoder", "encoder-decoder"])
-def test_the_wrapped_model_starts_equal_to_the_base_and_differs_once_b_moves(arch):
-    model = _tiny(arch)
+def test_the_wrapped_model_starts_equal_to_the_base_and_differs_once_b_moves(arch, device):
+    model = _tiny(arch).to(device)
     x = _inputs(model)
     want = model(*x)
     names = add_lora(model, rank=4, alpha=8, target_modules=ALL)
@@ -84,8 +85,8 @@ def test_cross_attention_and_gated_feed_forward_parts():
     assert plan["encoder.layers.0.ffn.w13"] == {"w3": (64, 128)} == plan["decoder.layers.0.ffn.w13"]  # W1 | W3
 
 
-def test_only_the_adapters_and_train_modules_get_gradients():
-    model = _tiny("encoder", head="classification", num_labels=3)
+def test_only_the_adapters_and_train_modules_get_gradients(device):
+    model = _tiny("encoder", head="classification", num_labels=3).to(device)
     add_lora(model, rank=2, alpha=2, target_modules=["q", "v", "w2"], train_modules=["head"])
     _randomize_adapters(model)
     model(*_inputs(model)).sum().backward()
@@ -96,8 +97,8 @@ def test_only_the_adapters_and_train_modules_get_gradients():
 
 
 @pytest.mark.parametrize("arch", ["decoder", "encoder-decoder"])
-def test_merged_equals_unmerged_and_unmerge_restores_the_weights(arch):
-    model = _tiny(arch)
+def test_merged_equals_unmerged_and_unmerge_restores_the_weights(arch, device):
+    model = _tiny(arch).to(device)
     x = _inputs(model)
     before = {n: t.clone() for n, t in model.state_dict().items()}
     add_lora(model, rank=4, alpha=16, target_modules=ALL)
@@ -122,8 +123,8 @@ def test_merged_equals_unmerged_and_unmerge_restores_the_weights(arch):
             torch.testing.assert_close(t, before[n], rtol=0, atol=1e-6)
 
 
-def test_cached_decoding_goes_through_the_adapters():
-    model = _tiny()
+def test_cached_decoding_goes_through_the_adapters(device):
+    model = _tiny().to(device)
     add_lora(model, rank=4, alpha=8, target_modules=ALL)
     _randomize_adapters(model)
     prompt = _inputs(model, T=4)[0]

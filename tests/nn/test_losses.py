@@ -7,13 +7,14 @@ from attnlab.nn.losses import linear_cross_entropy
 
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1, 0.3])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_fused_loss_equals_pytorch_cross_entropy(label_smoothing, with_bias):
+def test_fused_loss_equals_pytorch_cross_entropy(label_smoothing, with_bias, device):
     g = torch.Generator().manual_seed(0)
-    h = torch.randn(2, 37, 24, generator=g, dtype=torch.float64).requires_grad_()
-    w = torch.randn(53, 24, generator=g, dtype=torch.float64).requires_grad_()
-    b = torch.randn(53, generator=g, dtype=torch.float64).requires_grad_() if with_bias else None
+    h = torch.randn(2, 37, 24, generator=g, dtype=torch.float64).to(device).requires_grad_()
+    w = torch.randn(53, 24, generator=g, dtype=torch.float64).to(device).requires_grad_()
+    b = torch.randn(53, generator=g, dtype=torch.float64).to(device).requires_grad_() if with_bias else None
     y = torch.randint(0, 53, (2, 37), generator=g)
     y[0, ::5] = -100
+    y = y.to(device)
     fused = linear_cross_entropy(h, w, y, b, label_smoothing=label_smoothing, chunk_rows=16)
     ref = F.cross_entropy(F.linear(h, w, b).reshape(-1, 53), y.reshape(-1), label_smoothing=label_smoothing)
     params = [h, w] + ([b] if with_bias else [])
@@ -24,13 +25,13 @@ def test_fused_loss_equals_pytorch_cross_entropy(label_smoothing, with_bias):
         torch.testing.assert_close(a, c, rtol=1e-6, atol=1e-8)
 
 
-def test_fused_loss_under_bf16_autocast_is_close():
+def test_fused_loss_under_bf16_autocast_is_close(device):
     g = torch.Generator().manual_seed(0)
-    h = torch.randn(64, 32, generator=g)
-    w = torch.randn(100, 32, generator=g) * 0.1
-    y = torch.randint(0, 100, (64,), generator=g)
+    h = torch.randn(64, 32, generator=g).to(device)
+    w = (torch.randn(100, 32, generator=g) * 0.1).to(device)
+    y = torch.randint(0, 100, (64,), generator=g).to(device)
     ref = F.cross_entropy(h @ w.t(), y)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device.type, dtype=torch.bfloat16):
         fused = linear_cross_entropy(h, w, y)
     assert fused.dtype == torch.float32
     assert abs(fused.item() - ref.item()) < 0.02
@@ -46,17 +47,18 @@ def test_no_grad_path_and_errors():
 
 
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.2])
-def test_fused_loss_in_cache_sized_blocks_equals_pytorch(monkeypatch, label_smoothing):
+def test_fused_loss_in_cache_sized_blocks_equals_pytorch(monkeypatch, label_smoothing, device):
     # several row chunks, each split into softmax blocks (of 3 rows here), with a bias
     from attnlab.nn import losses
 
     monkeypatch.setattr(losses, "_SOFTMAX_BLOCK_BYTES", 3 * 41 * 4)
     g = torch.Generator().manual_seed(1)
-    h = torch.randn(29, 16, generator=g, dtype=torch.float64).requires_grad_()
-    w = torch.randn(41, 16, generator=g, dtype=torch.float64).requires_grad_()
-    b = torch.randn(41, generator=g, dtype=torch.float64).requires_grad_()
+    h = torch.randn(29, 16, generator=g, dtype=torch.float64).to(device).requires_grad_()
+    w = torch.randn(41, 16, generator=g, dtype=torch.float64).to(device).requires_grad_()
+    b = torch.randn(41, generator=g, dtype=torch.float64).to(device).requires_grad_()
     y = torch.randint(0, 41, (29,), generator=g)
     y[::4] = -100
+    y = y.to(device)
     for chunk_rows in (None, 10):
         fused = linear_cross_entropy(h, w, y, b, label_smoothing=label_smoothing, chunk_rows=chunk_rows)
         ref = F.cross_entropy(F.linear(h, w, b), y, label_smoothing=label_smoothing)
@@ -65,17 +67,17 @@ def test_fused_loss_in_cache_sized_blocks_equals_pytorch(monkeypatch, label_smoo
             torch.testing.assert_close(a, c, rtol=1e-8, atol=1e-10)
 
 
-def test_fused_loss_under_bf16_is_float32_cross_entropy_of_bf16_logits(monkeypatch):
+def test_fused_loss_under_bf16_is_float32_cross_entropy_of_bf16_logits(monkeypatch, device):
     # under autocast the logits are a bf16 matmul (as in an unfused bf16 head); everything after
     # it (log-softmax, loss) is float32, so the loss matches that reference tightly
     from attnlab.nn import losses
 
     monkeypatch.setattr(losses, "_SOFTMAX_BLOCK_BYTES", 8 * 300 * 4)
     g = torch.Generator().manual_seed(2)
-    h = torch.randn(50, 32, generator=g).requires_grad_()
-    w = (torch.randn(300, 32, generator=g) * 0.3).requires_grad_()
-    y = torch.randint(0, 300, (50,), generator=g)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    h = torch.randn(50, 32, generator=g).to(device).requires_grad_()
+    w = (torch.randn(300, 32, generator=g) * 0.3).to(device).requires_grad_()
+    y = torch.randint(0, 300, (50,), generator=g).to(device)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
         fused = linear_cross_entropy(h, w, y, chunk_rows=16)
     logits = (h.bfloat16() @ w.bfloat16().t()).float()
     ref = F.cross_entropy(logits, y)

@@ -24,8 +24,8 @@ pytestmark = [pytest.mark.usefixtures("isolated_cache"),
               pytest.mark.filterwarnings("ignore:precision fp16 on a cpu without native fp16")]
 
 
-def _trainer(tmp_path, log=None, **train):
-    cfg = tiny_config(tmp_path, **{"eval_every": 100, **train})
+def _trainer(tmp_path, device, log=None, **train):
+    cfg = tiny_config(tmp_path, **{"eval_every": 100, "device": device.type, **train})
     cfg["schedule"]["warmup_steps"] = min(2, cfg["train"]["max_steps"] - 1)  # (a one-step run: no warm-up)
     return Trainer(TrainConfig.from_dict(cfg), show_progress=False, log=log or (lambda _: None))
 
@@ -48,10 +48,10 @@ def _overflow_at(trainer, step):
     trainer.accumulate = overflowing
 
 
-def test_fp16_losses_and_gradient_norms_are_close_to_fp32(tmp_path):
-    fp32 = _trainer(tmp_path / "a", precision="fp32")
+def test_fp16_losses_and_gradient_norms_are_close_to_fp32(tmp_path, device):
+    fp32 = _trainer(tmp_path / "a", device, precision="fp32")
     fp32.fit()
-    fp16 = _trainer(tmp_path / "b", precision="fp16")
+    fp16 = _trainer(tmp_path / "b", device, precision="fp16")
     seen = []
     for module in fp16.model.modules():
         if isinstance(module, torch.nn.Linear):
@@ -69,8 +69,8 @@ def test_fp16_losses_and_gradient_norms_are_close_to_fp32(tmp_path):
     assert all(r["loss_scale"] == 65536.0 for r in b) and "loss_scale" not in a[0]
 
 
-def test_the_loss_is_scaled_in_backward_and_the_gradients_unscaled_for_the_optimizer(tmp_path):
-    trainer = _trainer(tmp_path, precision="fp16", max_steps=1)
+def test_the_loss_is_scaled_in_backward_and_the_gradients_unscaled_for_the_optimizer(tmp_path, device):
+    trainer = _trainer(tmp_path, device, precision="fp16", max_steps=1)
     trainer.config.optim.grad_clip = None  # p.grad after the step: the unscaled gradient, unclipped
     weight = trainer.model.layers[0].ffn.w1.weight
     raw = []
@@ -80,9 +80,9 @@ def test_the_loss_is_scaled_in_backward_and_the_gradients_unscaled_for_the_optim
     assert torch.equal(scaled, weight.grad * 65536.0)  # a power of two: exact
 
 
-def test_an_overflow_skips_its_step_halves_the_scale_and_leaves_the_weights_alone(tmp_path):
+def test_an_overflow_skips_its_step_halves_the_scale_and_leaves_the_weights_alone(tmp_path, device):
     logs = []
-    trainer = _trainer(tmp_path, precision="fp16", max_steps=5, log=logs.append)
+    trainer = _trainer(tmp_path, device, precision="fp16", max_steps=5, log=logs.append)
     _overflow_at(trainer, 3)
     states = {}
 
@@ -104,26 +104,26 @@ def test_an_overflow_skips_its_step_halves_the_scale_and_leaves_the_weights_alon
     assert trainer.scaler.get_scale() == 32768.0
 
 
-def test_an_overflow_is_not_a_nan_stop_in_fp32_it_is(tmp_path):
+def test_an_overflow_is_not_a_nan_stop_in_fp32_it_is(tmp_path, device):
     from attnlab.training import NonFiniteLossError
 
-    trainer = _trainer(tmp_path, precision="fp32", max_steps=3)
+    trainer = _trainer(tmp_path, device, precision="fp32", max_steps=3)
     _overflow_at(trainer, 2)
     with pytest.raises(NonFiniteLossError, match="gradient norm is inf at step 2"):
         trainer.fit()
 
 
-def test_the_scaler_state_is_checkpointed_and_a_resume_is_exact(tmp_path):
-    full = _trainer(tmp_path / "a", precision="fp16", max_steps=8, checkpoint_every=100)
+def test_the_scaler_state_is_checkpointed_and_a_resume_is_exact(tmp_path, device):
+    full = _trainer(tmp_path / "a", device, precision="fp16", max_steps=8, checkpoint_every=100)
     _overflow_at(full, 3)
     full.fit()
-    part = _trainer(tmp_path / "b", precision="fp16", max_steps=8, checkpoint_every=3)
+    part = _trainer(tmp_path / "b", device, precision="fp16", max_steps=8, checkpoint_every=3)
     _overflow_at(part, 3)
     part.fit()
     ckpt = resolve_checkpoint(part.checkpoint_dir / "step-00000006")
     saved = read_state(ckpt)["extra"]["grad_scaler"]
     assert saved["scale"] == 32768.0 and saved["_growth_tracker"] == 3  # steps 4, 5, 6 since the overflow
-    resumed = _trainer(tmp_path / "b", precision="fp16", max_steps=8)
+    resumed = _trainer(tmp_path / "b", device, precision="fp16", max_steps=8)
     resumed.resume(ckpt)
     assert resumed.scaler.state_dict() == saved
     resumed.fit()

@@ -32,6 +32,7 @@ GUARD_BYTES = 8 * 2 ** 30  # the address-space limit of the measuring subprocess
 # loaded) against the estimate less the weights (already held before the step). Not the whole RSS:
 # it counts library code pages too, which other processes' memory pressure evicts and the step
 # faults back in (seen: 629 MB of "growth" for a 219 MB step while another job filled memory).
+# On a GPU (--device cuda) the growth is that of the CUDA allocator's peak over the step.
 MEASURE = r"""
 import json, sys, threading, time
 from pathlib import Path
@@ -42,6 +43,7 @@ from attnlab.training.setup.memory import check_training_memory
 raw = tiny_config(Path(sys.argv[2]))
 for section, fields in json.loads(sys.argv[1]).items():
     raw.setdefault(section, {}).update(fields)
+raw["train"]["device"] = sys.argv[4]
 trainer = Trainer(TrainConfig.from_dict(raw), show_progress=False, log=lambda _: None)
 estimate = check_training_memory(trainer.model, trainer.config, trainer.device, precision=trainer.precision,
                                  task=trainer.task)
@@ -52,14 +54,25 @@ def watch():  # activations are held from forward to backward: sampling every ha
     while not done.is_set():
         peak[0] = max(peak[0], anonymous())
         time.sleep(0.0005)
-before = anonymous()
-watcher = threading.Thread(target=watch)
-watcher.start()
-with trainer.random.own():
-    trainer._train_step()
-done.set()
-watcher.join()
-print(json.dumps({"growth": max(peak[0], anonymous()) - before, "estimate": estimate.total - estimate.weights}))
+if sys.argv[4] == "cuda":
+    import torch
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    with trainer.random.own():
+        trainer._train_step()
+    torch.cuda.synchronize()
+    growth = torch.cuda.max_memory_allocated() - before
+else:
+    before = anonymous()
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    with trainer.random.own():
+        trainer._train_step()
+    done.set()
+    watcher.join()
+    growth = max(peak[0], anonymous()) - before
+print(json.dumps({"growth": growth, "estimate": estimate.total - estimate.weights}))
 """
 
 SMALL = {"d_model": 128, "num_layers": 2, "num_heads": 4, "d_ff": 512}
@@ -78,10 +91,11 @@ def _guard():
     {"data": {"batch_size": 64, "seq_len": 64, "objective": "span_corruption"},
      "model": {**SMALL, "position": {"scheme": "t5_bias"}}},
 ], ids=["decoder_grad_accum", "encoder_mlm", "encoder_decoder_t5"])
-def test_the_estimate_covers_the_measured_peak_of_a_step_and_is_not_absurd(tmp_path, spec):
+def test_the_estimate_covers_the_measured_peak_of_a_step_and_is_not_absurd(tmp_path, spec, device):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ATTNLAB_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run([sys.executable, "-c", MEASURE, json.dumps(spec), str(tmp_path), str(ROOT)], env=env,
-                          capture_output=True, text=True, timeout=300, preexec_fn=_guard, cwd=ROOT)
+    done = subprocess.run([sys.executable, "-c", MEASURE, json.dumps(spec), str(tmp_path), str(ROOT), device.type],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          preexec_fn=_guard if device.type == "cpu" else None)  # (CUDA reserves terabytes of addresses)
     assert done.returncode == 0, done.stderr
     measured = json.loads(done.stdout.strip().splitlines()[-1])
     growth, estimate = measured["growth"], measured["estimate"]

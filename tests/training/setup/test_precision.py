@@ -45,9 +45,10 @@ def _dtypes_seen(model: torch.nn.Module) -> list[torch.dtype]:
     return seen
 
 
-def _one_step_config(tmp_path, **train) -> dict:
-    """A tiny run (one step, evaluated) whose `train` section names no precision unless given."""
-    cfg = tiny_config(tmp_path, **{"max_steps": 1, "eval_every": 1, "checkpoint_every": 1, **train})
+def _one_step_config(tmp_path, device, **train) -> dict:
+    """A tiny run (one step, evaluated) on `device` whose `train` section names no precision unless given."""
+    cfg = tiny_config(tmp_path, **{"max_steps": 1, "eval_every": 1, "checkpoint_every": 1, "device": device.type,
+                                   **train})
     if "precision" not in train:
         del cfg["train"]["precision"]  # the helper pins fp32 for other tests
     cfg["schedule"]["warmup_steps"] = 0
@@ -112,19 +113,19 @@ def test_no_gpu_and_other_devices_are_not_native(monkeypatch):
     assert native_bf16(torch.device("meta")) is False
 
 
-def test_autocast_follows_the_resolved_precision(native):
-    layer = torch.nn.Linear(4, 4)
-    x = torch.randn(2, 4)
+def test_autocast_follows_the_resolved_precision(native, device):
+    layer = torch.nn.Linear(4, 4).to(device)
+    x = torch.randn(2, 4).to(device)
     for name, want in (("fp32", torch.float32), ("bf16", torch.bfloat16),
                        ("auto", torch.bfloat16 if native else torch.float32)):
-        with autocast(name, CPU):
+        with autocast(name, device):
             assert layer(x).dtype == want, name
 
 
 # ---------------------------------------------------------------- runs resolve it once
-def test_a_default_run_computes_records_and_prints_the_mocked_choice(tmp_path, native):
+def test_a_default_run_computes_records_and_prints_the_mocked_choice(tmp_path, native, device):
     lines = []
-    cfg = _one_step_config(tmp_path)
+    cfg = _one_step_config(tmp_path, device)
     assert "precision" not in cfg["train"]  # RunConfig's default decides
     trainer = Trainer(TrainConfig.from_dict(cfg), show_progress=False, log=lines.append)
     want = "bf16" if native else "fp32"
@@ -135,14 +136,14 @@ def test_a_default_run_computes_records_and_prints_the_mocked_choice(tmp_path, n
     assert all(p.dtype == torch.float32 for p in trainer.model.parameters())
     saved = json.loads((trainer.out / "config.json").read_text())
     assert saved["precision"] == want and saved["config"]["train"]["precision"] == "auto"
-    assert sum(f"| precision: {want} (auto on cpu) |" in line for line in lines) == 1  # in the one setup line
+    assert sum(f"| precision: {want} (auto on {device.type}) |" in line for line in lines) == 1  # in the one setup line
 
 
-def test_forced_bf16_without_native_warns_once_per_run(tmp_path, monkeypatch):
+def test_forced_bf16_without_native_warns_once_per_run(tmp_path, monkeypatch, device):
     monkeypatch.setattr(precision, "native_bf16", lambda device: False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # every warning counted, not only the first per line
-        cfg = _one_step_config(tmp_path, precision="bf16", max_steps=2)
+        cfg = _one_step_config(tmp_path, device, precision="bf16", max_steps=2)
         trainer = Trainer(TrainConfig.from_dict(cfg), show_progress=False, log=lambda _: None)
         seen = _dtypes_seen(trainer.model)
         trainer.fit()
