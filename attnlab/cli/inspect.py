@@ -277,7 +277,7 @@ def _kernel_regression(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("inspect", help="look inside models: attention maps, cost, gradients, rank",
+    parser = subparsers.add_parser("inspect", help="look inside models: attention maps, patching, attribution, cost, gradients, rank",
                                    description="Look inside models: attention maps, FLOPs and memory, gradient flow "
                                                "through time, rank collapse, attention as kernel regression.",
                                    epilog="example: attnlab inspect cost gpt2-small --seq-len 1024")

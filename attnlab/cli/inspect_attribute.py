@@ -144,6 +144,15 @@ def _attribute(args: argparse.Namespace) -> int:
     return 0
 
 
+def _steps(text: str) -> int:
+    """--steps: a whole number in [1, 4096] (beyond that the quadrature gains nothing, and a typo's
+    10**9 points would run for days)."""
+    value = positive_int(text)
+    if value > 4096:
+        raise argparse.ArgumentTypeError(f"at most 4096 integration points, got {value}")
+    return value
+
+
 def add_attribute_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("attribute", help="which input tokens a prediction rests on: integrated gradients, "
                                          "gradient x input, attention rollout/flow, the logit lens",
@@ -165,7 +174,7 @@ def add_attribute_parser(sub: argparse._SubParsersAction) -> None:
                                                             "the last: the next token after --text)")
     p.add_argument("--side", choices=("source", "target"), help="encoder-decoder: attribute to the source (default) "
                                                                 "or target tokens; rollout/flow: that side's stack")
-    p.add_argument("--steps", type=positive_int, default=50, help="ig: Gauss-Legendre points (default 50)")
+    p.add_argument("--steps", type=_steps, default=50, help="ig: Gauss-Legendre points (default 50, at most 4096)")
     p.add_argument("--baseline", choices=("pad", "zeros"),
                    help="ig: the embeddings started from: the pad token's at every position (the default where "
                         "the model has a pad token) or zeros (the default without one, as GPT-2)")

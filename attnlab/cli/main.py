@@ -46,7 +46,7 @@ SUMMARIES = {
     "fill-mask": "a masked LM's top tokens at each [MASK] of a text",
     "finetune": "fine-tune a pretrained model on a classification or tagging task",
     "generate": "continue a prompt with a saved model (streams to the terminal)",
-    "inspect": "look inside models: attention maps, cost, gradients, rank",
+    "inspect": "look inside models: attention maps, patching, attribution, cost, gradients, rank",
     "lab": "self-grading exercises: write a piece of attnlab, check it, use it",
     "model": "inspect model configurations and presets",
     "parallel": "data/tensor/pipeline-parallel planning: memory per rank, communication, pipeline bubble",

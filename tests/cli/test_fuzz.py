@@ -50,7 +50,7 @@ from attnlab.cli.main import main
 from attnlab.tokenizers import Tokenizer
 from tests.training.helpers import tiny_config
 
-EXAMPLES = {"generate": 60, "translate": 30, "embed": 40, "predict": 30, "eval": 10, "inspect": 30, "model": 30,
+EXAMPLES = {"generate": 60, "translate": 30, "embed": 40, "predict": 30, "eval": 10, "inspect": 50, "model": 30,
             "parallel": 30, "tokenizer": 50, "convert": 20, "train": 25, "finetune": 10, "data": 15, "demo": 8,
             "score": 30, "fill-mask": 30}
 SCALE = float(os.environ.get("ATTNLAB_FUZZ_SCALE", "1"))  # more cases, fresh ones each run: a deeper search
@@ -563,6 +563,18 @@ def test_inspect(world):
         argv(["inspect", "kernel-regression"], opt("--bandwidths", st.sampled_from(["0.1,1", "0", "-1", "x", "", "nan",
                                                                                     "1e308", "inf"])),
              opt("--seed", SEED), opt("--out", outputs(".png"))),
+        argv(["inspect", "patch"], one(world.folders("lm", "mt", "rnn", "enc")), ["--clean"], WORDY.map(lambda t: [t]),
+             ["--corrupted"], WORDY.map(lambda t: [t]), ["--target"], WORDY.map(lambda t: [t]), opt("--wrong", WORDY),
+             opt("--prefix", WORDY), opt("--position", st.sampled_from(["-1", "0", "1", "99", "x"])),
+             opt("--over", st.sampled_from(["resid", "attn_out", "ffn_out", "heads", "pattern", "nope"])),
+             opt("--direction", st.sampled_from(["denoise", "noise", "x"])), opt("--out", outputs(""))),
+        argv(["inspect", "attribute"], one(world.folders("lm", "mt", "rnn", "enc")), ["--text"], WORDY.map(lambda t: [t]),
+             opt("--method", st.sampled_from(["ig", "grad_x_input", "rollout", "flow", "logit_lens", "nope"])),
+             opt("--target", WORDY), opt("--position", st.sampled_from(["-1", "0", "2", "99", "x"])),
+             opt("--side", st.sampled_from(["source", "target", "x"])), opt("--steps", mostly(["1", "4"], ["0", "x",
+                                                                                                   "1000000000"])),
+             opt("--baseline", st.sampled_from(["pad", "zeros", "x"])), opt("--top-k", COUNT), opt("--out", outputs("")),
+             opt("--html", outputs(".html"))),
         st.sampled_from([["inspect"], ["inspect", "nope"]]),
     )
 
