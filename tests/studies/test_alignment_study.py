@@ -156,3 +156,33 @@ def test_attention_rows_are_the_steps_that_predict_each_piece(tok, arch):
         assert w.shape[1:] == (T, S)
         assert torch.allclose(w.sum(-1), torch.ones(w.shape[:2]), atol=1e-5)
         assert torch.allclose(shifted[name][:, :-1], w[:, 1:])
+
+
+@pytest.mark.slow
+def test_the_study_runs_end_to_end_at_a_tiny_budget(tmp_path):
+    """Training to a few seconds' mark, the Strong's reference and the verse-pairing check on the real
+    modules, eflomal on 300 training pairs, scoring, faithfulness, tables and plots."""
+    import json
+    import os
+    import subprocess
+
+    out = tmp_path / "study"
+    cmd = [sys.executable, str(STUDIES / "alignment" / "run.py"), "--out", str(out), "--models", "transformer",
+           "--marks", "0.05", "--verses", "4", "--attribution-verses", "2", "--ig-steps", "2", "--faith-verses", "2",
+           "--eflomal-pairs", "300"]
+    subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=3000)
+    ref = json.loads((out / "reference.json").read_text())
+    # the corpus pairs Numbers 13:17 ("Moses sent them to spy out ...") with the Spanish verse before it
+    assert ref["numbers_13_17"]["flagged"] and ref["numbers_13_17"]["target"].startswith("Estos son los nombres")
+    result = json.loads((out / "transformer" / "alignment.json").read_text())
+    (mark, r), = result.items()
+    assert mark == "0.05min" and r["verses"] == 4
+    for method in ("L0 h0", "all layers mean", "input all layers mean", "diagonal"):
+        assert 0.0 <= r["aer"][method]["argmax"] <= 1.0
+    for method in ("grad_x_input", "integrated_gradients"):
+        assert 0.0 <= r["aer_attribution_subset"][method]["argmax"] <= 1.0
+    assert 0.0 <= r["aer"]["eflomal grow-diag-final-and"]["links"] <= 1.0
+    assert r["faithfulness"]["verses"] == 2
+    text = (out / "results.md").read_text()
+    assert "cross-attention head" in text and "Faithfulness" in text
+    assert (out / "aer_heads.png").exists() and (out / "example_transformer.png").exists()

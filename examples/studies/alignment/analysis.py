@@ -78,8 +78,6 @@ def score_model(folder: Path, verses: list[dict], attribution_verses: int, ig_st
     example = None
     for k, verse in enumerate(verses):
         try:
-            with torch.no_grad():
-                pass
             methods = methods_of(model, tok, verse, k < attribution_verses, ig_steps)
         except ValueError:
             skipped += 1  # a verse whose pieces do not decode to its text
@@ -98,7 +96,7 @@ def score_model(folder: Path, verses: list[dict], attribution_verses: int, ig_st
                 counts.setdefault(name, {}).setdefault(rule, []).append(c)
                 if k < attribution_verses:
                     subset.setdefault(name, {}).setdefault(rule, []).append(c)
-        if example is None and 10 <= len(ok_s) <= 16:
+        if example is None or (not 10 <= len(example["source"].split()) <= 16 and 10 <= len(ok_s) <= 16):
             example = {"ref": verse["ref"], "source": verse["source"], "target": verse["target"],
                        "matrices": {n: m.tolist() for n, m in methods.items() if not isinstance(m, set)},
                        "sure": sorted(sure), "possible": sorted(possible)}

@@ -31,7 +31,9 @@ def sword_root(out: Path) -> Path:
         tmp = out / "sword.partial"
         shutil.rmtree(tmp, ignore_errors=True)
         for package in SWORD_BIBLES:
-            path, _ = _download_checked(get_corpus("bible-en-es"), package, debs, True)
+            into = debs / package.name.partition(":")[2]  # one package file per folder
+            into.mkdir(exist_ok=True)
+            path, _ = _download_checked(get_corpus("bible-en-es"), package, into, True)
             subprocess.run(["dpkg-deb", "-x", str(path), str(tmp)], check=True)
         tmp.rename(out / "sword")
     return root
