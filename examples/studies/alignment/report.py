@@ -93,27 +93,22 @@ def report(out: Path, args: Any, seconds: float) -> str:
         aer, sub = r["aer"], r["aer_attribution_subset"]
         label = f"{LABELS[name]} ({mark}, step {r.get('training', {}).get('step', '?')})"
         heads = {k: v for k, v in aer.items() if re.match(r"^L\d+ h\d+$", k)}
+        inputs = {k: v for k, v in aer.items() if re.match(r"^input L\d+ h\d+$", k)}
         best = min(heads, key=lambda k: heads[k]["argmax"]) if heads else None
-        rows = ([("best head: " + best, aer[best])] if best else [])
-        rows += [(k, aer[k]) for k in aer if k.endswith("mean") and not k.startswith("input") and k.count(" ") <= 2
-                 and (k == "all layers mean" or not heads)]
-        rows += [(k, aer[k]) for k in ("attention", "input attention") if k in aer]
-        if heads:
-            rows += [("all layers mean", aer["all layers mean"]), ("input all layers mean", aer["input all layers mean"])]
-        rows += [("diagonal", aer["diagonal"])] + [(k, v) for k, v in aer.items() if k.startswith("eflomal")]
-        seen = set()
+        mean = "all layers mean" if heads else "attention mean"
+        rows = [("best head (predicting step): " + best, aer[best])] if best else []
+        if inputs:
+            best_input = min(inputs, key=lambda k: inputs[k]["argmax"])
+            rows.append(("best head (reading step): " + best_input[6:], aer[best_input]))
+        rows += [(mean, aer[mean]), (f"input {mean}", aer[f"input {mean}"]), ("diagonal", aer["diagonal"])]
+        rows += [(k, v) for k, v in aer.items() if k.startswith("eflomal")]
         for method, row in rows:
-            if method in seen:
-                continue
-            seen.add(method)
             summary.append(f"| {label} | {r['verses']} | {method} | {_cells(row)} |")
-        for method in ("grad_x_input", "integrated_gradients"):
+        n = r["attribution_verses"]
+        for method in ("grad_x_input", "integrated_gradients", mean, f"input {mean}"):
             if method in sub:
-                n = r["attribution_verses"]
-                summary.append(f"| {label} | first {n} | {method} | {_cells(sub[method])} |")
-                att = "all layers mean" if "all layers mean" in sub else "attention"
-        if "grad_x_input" in sub:
-            summary.append(f"| {label} | first {r['attribution_verses']} | {att} (same verses) | {_cells(sub[att])} |")
+                summary.append(f"| {label} | first {n} | {method}{' (same verses)' if 'mean' in method else ''} | "
+                               f"{_cells(sub[method])} |")
         for prefix, tag in (("", ""), ("input ", "_input")):
             layer_names, grid, head_lines = head_table(aer, prefix)
             if grid:
@@ -126,7 +121,7 @@ def report(out: Path, args: Any, seconds: float) -> str:
                           f"{'the step that has read the target word' if tag else 'the step that predicts the target word'}",
                           "", *head_lines, ""]
         if r.get("example"):
-            names = ([best, "all layers mean"] if best else ["attention"]) + ["grad_x_input", "integrated_gradients"]
+            names = ([best] if best else []) + [mean, "grad_x_input", "integrated_gradients"]
             plot_example(r["example"], out / f"example_{name.replace('+', '_')}.png", names,
                          f"{LABELS[name]} ({mark}): {r['example']['ref']}")
     faith = ["| model | verses | word removed | edit rate vs first translation (mean ± sd) | 100 - chrF (mean ± sd) |"
