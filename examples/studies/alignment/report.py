@@ -20,6 +20,8 @@ def _latest(results: dict) -> tuple[str, dict] | None:
 
 
 def _cells(row: dict | None) -> str:
+    if row and "links" in row:  # eflomal: its own links, neither argmax nor threshold
+        return f"{row['links']:.3f} (its links) | -"
     return " | ".join(f"{row[r]:.3f}" if row and r in row else "-" for r in RULES)
 
 
@@ -105,9 +107,10 @@ def report(out: Path, args: Any, seconds: float) -> str:
         for method, row in rows:
             summary.append(f"| {label} | {r['verses']} | {method} | {_cells(row)} |")
         n = r["attribution_verses"]
-        for method in ("grad_x_input", "integrated_gradients", mean, f"input {mean}"):
+        for method in ("grad_x_input", "integrated_gradients", mean, f"input {mean}", "diagonal",
+                       "eflomal grow-diag-final-and"):
             if method in sub:
-                summary.append(f"| {label} | first {n} | {method}{' (same verses)' if 'mean' in method else ''} | "
+                summary.append(f"| {label} | first {n} | {method}{'' if method.endswith('gradients') or method.endswith('input') else ' (same verses)'} | "
                                f"{_cells(sub[method])} |")
         for prefix, tag in (("", ""), ("input ", "_input")):
             layer_names, grid, head_lines = head_table(aer, prefix)
