@@ -86,10 +86,11 @@ def test_osis_words_carry_their_strongs_numbers_and_skip_notes():
 
 
 def test_strongs_reference_sure_only_where_a_number_is_one_to_one():
-    en = [frozenset({"H1"}), frozenset({"H2"}), frozenset({"H2"}), frozenset()]
-    es = [frozenset({"H2"}), frozenset({"H1"}), frozenset({"H3"})]
+    en = [frozenset({"H1"}), frozenset({"H2"}), frozenset({"H2"}), frozenset(), frozenset({"H4"})]
+    es = [frozenset({"H2"}), frozenset({"H1"}), frozenset({"H3"}), frozenset({"H4"}), frozenset({"H4"})]
     sure, possible = align.strongs_reference(en, es)
-    assert possible == {(0, 1), (1, 0), (2, 0)}
+    # H2: two English words, one Spanish; H4: one English word, two Spanish; only H1 is one-to-one
+    assert possible == {(0, 1), (1, 0), (2, 0), (4, 3), (4, 4)}
     assert sure == {(0, 1)}
 
 
@@ -186,3 +187,18 @@ def test_the_study_runs_end_to_end_at_a_tiny_budget(tmp_path):
     text = (out / "results.md").read_text()
     assert "cross-attention head" in text and "Faithfulness" in text
     assert (out / "aer_heads.png").exists() and (out / "example_transformer.png").exists()
+
+
+def test_verse_shifts_flag_a_pair_whose_neighbour_shares_more_numbers():
+    import reference
+
+    def osis(*numbers):
+        return " ".join(f'<w lemma="strong:{n}">w{n}</w>' for n in numbers)
+
+    en = {("Num", 13, 1): osis("H1", "H2"), ("Num", 13, 2): osis("H3", "H4"), ("Num", 13, 3): osis("H5", "H6")}
+    es = {("Num", 13, 1): osis("H1", "H2"), ("Num", 13, 2): osis("H9"), ("Num", 13, 3): osis("H3", "H4")}
+    verses = {"en": en, "es": es, "pairs": {ref: ("x", "y") for ref in en}}
+    found = reference.verse_shifts(verses)
+    # 13:2's English matches the Spanish 13:3 (one verse on); 13:3 matches nothing near it; 13:1 is right
+    assert found["flagged"] == 1 and found["chapters"] == {"Num 13": [2]}
+    assert found["examples"][0]["neighbour"] == 1 and found["examples"][0]["own"] == 0.0
