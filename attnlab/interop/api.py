@@ -128,6 +128,9 @@ def hf_export(model: nn.Module, family: str | None = None, *,
     config = getattr(model, "config", None)
     if not isinstance(config, ModelConfig):
         raise TypeError(f"expected an attnlab model built by build_model (with .config), got {type(model).__name__}")
+    if not config.d_ff:
+        raise ValueError("d_ff=0: attention-only layers have no feed-forward, which every Hugging Face family "
+                         "this converts to has")
     fam = _export_family(config, family)
     hf_config, architecture = fam.config_to_hf(config)
     hf_config.update(special_token_ids(hf_config, fam.SPECIAL_TOKENS, tokenizer))

@@ -50,3 +50,10 @@ def test_a_spanbert_encoder_is_refused_naming_its_span_boundary_head():
                                                             head="mlm", pooler=False, sbo_head=True)
     with pytest.raises(ValueError, match=r"BERT model: sbo_head=True \(needs False\)"):
         hf_export(attnlab.build_model(cfg))
+
+
+@pytest.mark.parametrize("family", [None, "gpt2", "llama"])
+def test_an_attention_only_decoder_is_refused_naming_d_ff(family):
+    cfg = attnlab.ModelConfig(arch="decoder", vocab_size=20, d_model=16, num_layers=1, num_heads=2, d_ff=0)
+    with pytest.raises(ValueError, match="d_ff=0: attention-only"):
+        hf_export(attnlab.build_model(cfg), family=family)
