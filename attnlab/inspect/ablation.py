@@ -73,7 +73,10 @@ def ablate(model: nn.Module, inputs: Inputs, metric: Metric, points: str | Seque
     """Ablate each piece of each point in turn and measure `metric`.
 
     Args:
-        model, metric, points, by: as `attnlab.inspect.patching.activation_patching`.
+        model: as `attnlab.inspect.patching.activation_patching`.
+        metric: as there.
+        points: as there.
+        by: as there.
         inputs: the model's inputs (ids, or (src_ids, tgt_ids)).
         method: "zero", "mean" or "resample".
         reference: the batch whose activations "mean" averages (default `inputs`) and "resample"

@@ -263,7 +263,7 @@ def gradient_x_input(model: nn.Module, *inputs: Tensor, target: int | Tensor | C
 
     Args:
         model: an attnlab text model; run in eval mode here (its modes are restored after).
-        inputs, kwargs: what `model(*inputs, **kwargs)` takes (ids first; masks as keywords or
+        *inputs: what `model(*inputs, **kwargs)` takes (ids first; masks as keywords or
             positionally).
         target: the token id(s) scored at `position` ((B,) or one for all rows; None: the one the
             model predicts), or a callable mapping the output (N, ...) to one number per row (N,).
@@ -317,7 +317,7 @@ def integrated_gradients(model: nn.Module, *inputs: Tensor, target: int | Tensor
     """Integrated gradients at the embeddings of one side, from `baseline` to the input.
 
     Args:
-        model, inputs, kwargs, target, position, score, side: as `gradient_x_input`.
+        model: as `gradient_x_input`, and so are inputs, kwargs, target, position, score and side.
         baseline: x' = `pad` (the embedding module's output on the pad token at every position:
             positions and segments stay, the tokens go), `zeros`, or a tensor (B, T, D) / (T, D);
             None (default): `pad` where the config has a pad_token_id, else `zeros` (GPT-2). Zeros sit badly with a LayerNorm right after the embeddings (post-LN layers,

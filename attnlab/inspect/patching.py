@@ -77,7 +77,8 @@ def logit_diff(correct: int | Sequence[int] | Tensor, wrong: int | Sequence[int]
     """The metric logit[correct] - logit[wrong] at `position`, averaged over the batch.
 
     Args:
-        correct, wrong: a token id, or one per batch row.
+        correct: a token id, or one per batch row.
+        wrong: the competing token id(s), likewise.
         position: the output position read (default the last: the next-token prediction).
 
     Returns:
@@ -287,7 +288,8 @@ def activation_patching(model: nn.Module, clean: Inputs, corrupted: Inputs, metr
 
     Args:
         model: any attnlab model (its hook points name the places).
-        clean, corrupted: the model's inputs (ids, or (src_ids, tgt_ids)), of equal shapes.
+        clean: the model's inputs (ids, or (src_ids, tgt_ids)).
+        corrupted: the other inputs, of the same shapes.
         metric: the model's output -> a number (`logit_diff`, `target_logprob`, `target_prob`, yours).
         points: hook point names or shell patterns, e.g. "layers.*.hook_resid_pre",
             "decoder.layers.*.cross_attn.hook_z", "hook_memory"; one row each, in model order.
