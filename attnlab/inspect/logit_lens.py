@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from attnlab.inspect.hooks import run_with_cache
+
 
 def _head_stack(model: nn.Module) -> tuple[str, int, nn.Module]:
     """(module prefix, layers, stack) of the stack whose vocabulary head predicts."""
@@ -45,18 +47,11 @@ def residual_stream(model: nn.Module, *inputs: Tensor, **kwargs) -> tuple[Tensor
     from attnlab.inspect.attribution import _eval
 
     prefix, n, stack = _head_stack(model)
-    seen: dict[int, Tensor] = {}
-    handles = [layer.register_forward_hook(lambda mod, args, out, i=i: seen.setdefault(i, out))
-               for i, layer in enumerate(stack.layers)]
-    try:
-        with _eval(model), torch.no_grad():
-            output = model(*inputs, **kwargs)
-    finally:
-        for h in handles:
-            h.remove()
-    if len(seen) != n:
-        raise ValueError(f"{len(seen)} of the {n} layers of {prefix or 'the model'} ran: is it the stack these inputs feed?")
-    return torch.stack([seen[i] for i in range(n)]), output
+    with _eval(model), torch.no_grad():
+        output, cache = run_with_cache(model, *inputs, names=f"{prefix}layers.*.hook_resid_post", **kwargs)
+    if len(cache) != n:
+        raise ValueError(f"{len(cache)} of the {n} layers of {prefix or 'the model'} ran: is it the stack these inputs feed?")
+    return cache.stack("hook_resid_post", prefix=prefix), output
 
 
 def logit_lens(model: nn.Module, *inputs: Tensor, **kwargs) -> Tensor:
