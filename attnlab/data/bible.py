@@ -152,7 +152,9 @@ def verse_pairs(source: dict[Reference, str], target: dict[Reference, str],
     return pairs
 
 
-def _held_out_verse(ref: Reference, every: int) -> bool:
+def held_out_verse(ref: Reference, every: int) -> bool:
+    """Whether `split_pairs(by="verse")` holds this verse out: a stable hash of its reference,
+    1 in `every`."""
     return zlib.crc32(f"{ref[0]} {ref[1]}:{ref[2]}".encode()) % every == 0
 
 
@@ -167,6 +169,6 @@ def split_pairs(pairs: list[tuple[Reference, str, str]], by: str = "verse", ever
     """
     if by not in ("verse", "book"):
         raise ValueError(f"by must be 'verse' or 'book', got {by!r}")
-    held = (lambda ref: ref[0] in books) if by == "book" else (lambda ref: _held_out_verse(ref, every))
+    held = (lambda ref: ref[0] in books) if by == "book" else (lambda ref: held_out_verse(ref, every))
     train = [(s, t) for ref, s, t in pairs if not held(ref)]
     return train, [(s, t) for ref, s, t in pairs if held(ref)]

