@@ -135,6 +135,7 @@ class Trainer:
         self.folder = RunFolder(run.out_dir, writes=self.parallel.is_main)
         self.out, self.checkpoint_dir, self.history = self.folder.out, self.folder.checkpoints, self.folder.history
         self.log = self.log if self.parallel.is_main else (lambda text: None)
+        self._setup_logged = False
         self.precision = resolve_precision(run.precision, self.device)  # once: "auto" decided, emulated bf16 warned
         torch.manual_seed(run.seed)
         self.pipeline = pipeline
@@ -304,7 +305,9 @@ class Trainer:
         end = run.max_steps if stop_at is None else min(stop_at, run.max_steps)
         self.folder.write_config(self.config.to_dict(), self.model.config.to_dict(), seed=run.seed,
                                  precision=self.precision)
-        self.log(self.setup_line())
+        if not self._setup_logged:  # once per Trainer, not per fit(stop_at=...) chunk
+            self.log(self.setup_line())
+            self._setup_logged = True
         if run.tensorboard:
             self.folder.open_tensorboard(self.config.to_dict(), self.step, fresh=not resume and self.step == 0)
         self.model.train()

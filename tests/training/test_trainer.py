@@ -243,6 +243,17 @@ def test_a_time_limited_run_estimates_its_end_from_the_limit(tmp_path):
     assert all(int(eta.rstrip("s")) <= 2 for eta in etas if "m" not in eta), etas
 
 
+def test_training_in_chunks_prints_the_setup_once(tmp_path):
+    lines = []
+    trainer = Trainer(TrainConfig.from_dict(tiny_config(tmp_path, max_steps=6, log_every=1, eval_every=10**7,
+                                                        checkpoint_every=10**7)), show_progress=False,
+                      log=lines.append)
+    for stop in (2, 4, 6):
+        trainer.fit(stop_at=stop)
+    assert trainer.step == 6
+    assert sum(line.startswith("setup:") for line in lines) == 1, lines
+
+
 @pytest.mark.parametrize("parallel", [{"tp": 2}, {"pp": 2}], ids=["tp2", "pp2"])
 def test_a_split_model_needs_the_mesh_hooks(tmp_path, parallel):
     """tp / pp > 1 run through the hooks of attnlab.parallel, which sits above training: given as
