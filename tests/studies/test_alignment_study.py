@@ -172,9 +172,9 @@ def test_the_study_runs_end_to_end_at_a_tiny_budget(tmp_path):
     for method in ("grad_x_input", "integrated_gradients"):
         assert 0.0 <= r["aer_attribution_subset"][method]["argmax"] <= 1.0
     assert 0.0 <= r["aer"]["eflomal grow-diag-final-and"]["links"] <= 1.0
-    assert r["faithfulness"]["verses"] == 2
+    assert r["faithfulness"]["verses"] == 2 and 0.0 <= r["faithfulness"]["greedy"]["chrf"] <= 100.0
     text = (out / "results.md").read_text()
-    assert "cross-attention head" in text and "Faithfulness" in text
+    assert "cross-attention head" in text and "Faithfulness" in text and "greedy BLEU" in text
     assert (out / "aer_heads.png").exists() and (out / "example_transformer.png").exists()
 
 

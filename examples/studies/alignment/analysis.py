@@ -121,7 +121,8 @@ def faithfulness(folder: Path, verses: list[dict], seed: int = 0, max_new_tokens
     """Remove from each source the word its translation attends to most (cross-attention summed
     over the greedy translation's steps, averaged over every layer and head) and, separately, a
     random word other than that one; translate again (greedy) and measure how far each new
-    translation is from the first: word edit rate, and 100 - chrF against it."""
+    translation is from the first: word edit rate, and 100 - chrF against it. `greedy`: the first
+    translations' BLEU and chrF against the reference translations (how well the model translates)."""
     import attnlab
     from attnlab.decoding import generate
     from attnlab.evaluation import bleu_chrf
@@ -155,7 +156,7 @@ def faithfulness(folder: Path, verses: list[dict], seed: int = 0, max_new_tokens
         mass = pool(mean, [0] * mean.shape[0], src_w + [-1], 1, n)[0]
         top = int(mass.argmax())
         other = rng.choice([i for i in range(n) if i != top])
-        row = {"ref": verse["ref"], "translation": first}
+        row = {"ref": verse["ref"], "translation": first, "reference": verse["target"]}
         for kind, w in (("most attended", top), ("random", other)):
             a, b = spans[w]
             reduced = " ".join((text[:a] + text[b:]).split())
@@ -169,8 +170,10 @@ def faithfulness(folder: Path, verses: list[dict], seed: int = 0, max_new_tokens
         return {"mean": float(x.mean()), "std": float(x.std()) if len(x) > 1 else 0.0,
                 "sem": float(x.std() / len(x) ** 0.5) if len(x) > 1 else 0.0}
 
+    quality = bleu_chrf([r["translation"] for r in rows], [r["reference"] for r in rows]) if rows else {}
     wins = sum(r["most attended"]["edit_rate"] > r["random"]["edit_rate"] for r in rows)
     ties = sum(r["most attended"]["edit_rate"] == r["random"]["edit_rate"] for r in rows)
     return {"verses": len(rows), **{f"{kind}: {key}": summary(kind, key) for kind in ("most attended", "random")
                                     for key in ("edit_rate", "chrf_drop")},
-            "most attended changes more (edit rate)": wins, "ties": ties, "examples": rows[:5]}
+            "most attended changes more (edit rate)": wins, "ties": ties, "examples": rows[:5],
+            "greedy": {"bleu": quality.get("bleu"), "chrf": quality.get("chrf")}}

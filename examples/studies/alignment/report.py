@@ -136,7 +136,15 @@ def report(out: Path, args: Any, seconds: float) -> str:
             extra = f"{f['most attended changes more (edit rate)']} / {f['ties']}" if kind == "most attended" else ""
             faith.append(f"| {LABELS[name]} | {f['verses']} | {kind} | {e['mean']:.3f} ± {e['std']:.3f} | "
                          f"{c['mean']:.1f} ± {c['std']:.1f} | {extra} |")
-    text = "\n".join(lines + ["## AER by method", "", *summary, "", "## Faithfulness", "", *faith, "",
+    quality = ["| model (mark, steps) | verses | greedy BLEU | chrF |", "|---|---|---|---|"]
+    for name, rows in table.items():
+        ((mark, r),) = rows.items()
+        g = r["faithfulness"].get("greedy", {})
+        if g.get("bleu") is not None:
+            quality.append(f"| {LABELS[name]} ({mark}, step {r.get('training', {}).get('step', '?')}) | "
+                           f"{r['faithfulness']['verses']} | {g['bleu']:.2f} | {g['chrf']:.1f} |")
+    text = "\n".join(lines + ["## How well each model translates", "", *quality, "", "## AER by method", "",
+                              *summary, "", "## Faithfulness", "", *faith, "",
                               f"this invocation {seconds:.0f} s wall-clock, load average at the end {loadavg()}", ""])
     write_json(out / "results.json", {"args": {k: v for k, v in vars(args).items() if k not in ("worker", "analyse")},
                                       "reference": {k: v for k, v in ref.items() if k != "held_out"},
