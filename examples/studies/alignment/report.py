@@ -40,6 +40,26 @@ def head_table(aer: dict[str, dict], prefix: str = "") -> tuple[list[str], list[
     return [f"layer {l}" for l in layers], grid, lines
 
 
+def training_table(table: dict[str, dict]) -> list[str]:
+    """Markdown lines: for each model and each scored mark, its step, how well it translates
+    (greedy BLEU and chrF on the faithfulness verses) and the AER (argmax) of its best
+    cross-attention head, of its mean attention and of the diagonal."""
+    lines = ["| model | mark | step | greedy BLEU / chrF | best head | mean attention | diagonal |",
+             "|---|---|---|---|---|---|---|"]
+    for name, results in table.items():
+        for mark in sorted(results, key=lambda m: float(m[:-3])):
+            r = results[mark]
+            aer = r["aer"]
+            heads = {k: v["argmax"] for k, v in aer.items() if re.match(r"^L\d+ h\d+$", k)}
+            best = f"{min(heads.values()):.3f} ({min(heads, key=heads.get)})" if heads else "-"
+            mean = aer["all layers mean" if heads else "attention mean"]["argmax"]
+            g = r["faithfulness"].get("greedy") or {}
+            quality = f"{g['bleu']:.2f} / {g['chrf']:.1f}" if g.get("bleu") is not None else "-"
+            lines.append(f"| {LABELS[name]} | {mark} | {r.get('training', {}).get('step', '?')} | {quality} | "
+                         f"{best} | {mean:.3f} | {aer['diagonal']['argmax']:.3f} |")
+    return lines
+
+
 def plot_example(example: dict, path: Path, names: list[str], title: str) -> None:
     """One verse's (target words x source words) matrices side by side, the reference first."""
     import torch
@@ -91,7 +111,7 @@ def report(out: Path, args: Any, seconds: float) -> str:
         if latest is None:
             continue
         mark, r = latest
-        table[name] = {mark: r}
+        table[name] = results
         aer, sub = r["aer"], r["aer_attribution_subset"]
         label = f"{LABELS[name]} ({mark}, step {r.get('training', {}).get('step', '?')})"
         heads = {k: v for k, v in aer.items() if re.match(r"^L\d+ h\d+$", k)}
@@ -130,20 +150,13 @@ def report(out: Path, args: Any, seconds: float) -> str:
     faith = ["| model | verses | word removed | edit rate vs first translation (mean ± sd) | 100 - chrF (mean ± sd) |"
              " most attended changes more / ties |", "|---|---|---|---|---|---|"]
     for name, rows in table.items():
-        f = next(iter(rows.values()))["faithfulness"]
+        f = _latest(rows)[1]["faithfulness"]
         for kind in ("most attended", "random"):
             e, c = f[f"{kind}: edit_rate"], f[f"{kind}: chrf_drop"]
             extra = f"{f['most attended changes more (edit rate)']} / {f['ties']}" if kind == "most attended" else ""
             faith.append(f"| {LABELS[name]} | {f['verses']} | {kind} | {e['mean']:.3f} ± {e['std']:.3f} | "
                          f"{c['mean']:.1f} ± {c['std']:.1f} | {extra} |")
-    quality = ["| model (mark, steps) | verses | greedy BLEU | chrF |", "|---|---|---|---|"]
-    for name, rows in table.items():
-        ((mark, r),) = rows.items()
-        g = r["faithfulness"].get("greedy", {})
-        if g.get("bleu") is not None:
-            quality.append(f"| {LABELS[name]} ({mark}, step {r.get('training', {}).get('step', '?')}) | "
-                           f"{r['faithfulness']['verses']} | {g['bleu']:.2f} | {g['chrf']:.1f} |")
-    text = "\n".join(lines + ["## How well each model translates", "", *quality, "", "## AER by method", "",
+    text = "\n".join(lines + ["## Over training", "", *training_table(table), "", "## AER by method", "",
                               *summary, "", "## Faithfulness", "", *faith, "",
                               f"this invocation {seconds:.0f} s wall-clock, load average at the end {loadavg()}", ""])
     write_json(out / "results.json", {"args": {k: v for k, v in vars(args).items() if k not in ("worker", "analyse")},
