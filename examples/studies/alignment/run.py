@@ -142,13 +142,21 @@ def latest_mark(out: Path, name: str) -> str | None:
 
 
 def analyse(name: str, args: argparse.Namespace) -> None:
-    """Score `name`'s latest saved mark (once per mark): AER of every method, and faithfulness."""
+    """Score `name`'s latest saved mark and those of `--score-marks` it has saved (once per mark):
+    AER of every method, and faithfulness."""
+    out = Path(args.out)
+    saved = {p.name for p in (run_dir(out, name) / "marks").glob("*min")}
+    wanted = [f"{m:g}min" for m in args.score_marks or []] + [latest_mark(out, name)]
+    for mark in dict.fromkeys(m for m in wanted if m in saved):
+        analyse_mark(name, mark, args)
+
+
+def analyse_mark(name: str, mark: str, args: argparse.Namespace) -> None:
     from analysis import faithfulness, score_model
 
     out = Path(args.out)
-    mark = latest_mark(out, name)
     results = read_json(run_dir(out, name) / "alignment.json") or {}
-    if mark is None or mark in results:
+    if mark in results:
         return
     verses, links = scored_verses(out, args.verses)
     cpu0, wall0, load = time.process_time(), time.perf_counter(), loadavg()
@@ -176,6 +184,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the first this many of them also scored by attribution")
     p.add_argument("--ig-steps", type=positive_int, default=8, help="integrated gradients' steps")
     p.add_argument("--faith-verses", type=positive_int, default=60, help="verses of the faithfulness check")
+    p.add_argument("--score-marks", type=cpu_minutes, nargs="+", default=None,
+                   help="with --analyse-only: score these saved marks too (CPU minutes), not just the latest")
     p.add_argument("--eflomal-pairs", type=positive_int, default=None,
                    help="eflomal aligns this many training pairs beside the held-out ones (default: all)")
     p.add_argument("--train-only", action="store_true", help="train (or resume) and score nothing")
@@ -201,6 +211,8 @@ def main() -> None:
     base = [sys.executable, __file__, "--out", args.out, "--recipe", args.recipe, "--marks", *map(str, args.marks),
             "--rnn-marks", *map(str, args.rnn_marks), "--verses", str(args.verses), "--attribution-verses",
             str(args.attribution_verses), "--ig-steps", str(args.ig_steps), "--faith-verses", str(args.faith_verses)]
+    if args.score_marks:
+        base += ["--score-marks", *map(str, args.score_marks)]
     if not (args.report_only or args.analyse_only):
         if any(m != "transformer" for m in args.models):
             shared_tokenizer(out, CORPUS, "seq2seq")
