@@ -146,7 +146,7 @@ def analyse(name: str, args: argparse.Namespace) -> None:
     AER of every method, and faithfulness."""
     out = Path(args.out)
     saved = {p.name for p in (run_dir(out, name) / "marks").glob("*min")}
-    wanted = [f"{m:g}min" for m in args.score_marks or []] + [latest_mark(out, name)]
+    wanted = [latest_mark(out, name)] + [f"{m:g}min" for m in args.score_marks or []]
     for mark in dict.fromkeys(m for m in wanted if m in saved):
         analyse_mark(name, mark, args)
 
