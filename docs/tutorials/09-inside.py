@@ -307,9 +307,15 @@ for layer in range(lens.shape[0]):
 # ## What next
 #
 # `docs/how-to/inspect.md` lists every hook point and the patching, ablation and attribution
-# calls. The studies measure the same tools at full budget: the induction-heads study (when the
-# circuit forms during training, with its loss bump) and the alignment study (does attention give
-# word alignment for free?), in [the studies](../studies/index.md).
+# calls. The studies measure the same tools at full budget, in [the studies](../studies/index.md):
+# the induction-heads study (when the circuit forms during training, with its loss bump), and the
+# alignment study, which asks whether attention gives word alignment for free. Its answer: nearly,
+# once a model translates. On held-out Bible verses the mean cross-attention of a Transformer that
+# reaches BLEU 21 after 80 CPU-minutes scores an alignment error rate of 0.478 against the
+# Strong's-number reference, where a statistical aligner scores 0.428 and the diagonal 0.731;
+# integrated gradients align worse than that attention (0.525), and deleting the most-attended
+# source word changes the translation more than deleting a random one (in 63 of 100 verses,
+# against 22).
 
 # %% [markdown]
 # ## Exercises

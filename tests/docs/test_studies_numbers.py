@@ -229,10 +229,73 @@ def induction_heads() -> list[list[str]]:
     return rows
 
 
+ALIGN_MODELS = {"transformer": "Transformer", "lstm+attention": "LSTM + Bahdanau", "lstm+luong": "LSTM + Luong"}
+
+
+def _by_mark(results: dict) -> list[dict]:
+    return [results[m] for m in sorted(results, key=lambda m: float(m[:-3]))]
+
+
+def _heads(aer: dict) -> dict[str, float]:
+    return {k: v["argmax"] for k, v in aer.items() if re.fullmatch(r"L\d+ h\d+", k)}
+
+
+def alignment_training() -> list[list[str]]:
+    data = _load("studies/alignment/results.json")["results"]
+    rows = [["model", "CPU-min", "steps", "greedy BLEU", "AER: best head", "mean attention", "diagonal"]]
+    for key, label in ALIGN_MODELS.items():
+        for mark, r in sorted(data[key].items(), key=lambda kv: float(kv[0][:-3])):
+            greedy = r["faithfulness"].get("greedy")
+            if not greedy:
+                continue  # marks scored before the study measured translation
+            heads = _heads(r["aer"])
+            mean = r["aer"]["all layers mean" if heads else "attention mean"]["argmax"]
+            rows.append([label, mark[:-3], f"{r['training']['step']:,}", f"{greedy['bleu']:.2f}",
+                         f"{min(heads.values()):.3f}" if heads else "-", f"{mean:.3f}",
+                         f"{r['aer']['diagonal']['argmax']:.3f}"])
+    return rows
+
+
+def alignment() -> list[list[str]]:
+    data = _load("studies/alignment/results.json")["results"]
+    rows = [["model", "aligner", "verses", "AER argmax", "AER threshold 0.2"]]
+    cell = lambda row, rule: f"{row[rule]:.3f}"
+    for key, label in ALIGN_MODELS.items():
+        r = _by_mark(data[key])[-1]
+        aer, sub, n = r["aer"], r["aer_attribution_subset"], f"{r['attribution_verses']:,}"
+        heads = _heads(aer)
+        mean, attention = ("all layers mean", "mean of all heads") if heads else ("attention mean", "attention")
+        methods = [(f"best head ({min(heads, key=heads.get)})", aer[min(heads, key=heads.get)], f"{r['verses']:,}")
+                   ] if heads else []
+        methods += [(attention, aer[mean], f"{r['verses']:,}"), (attention, sub[mean], n),
+                    ("gradient x input", sub["grad_x_input"], n), ("integrated gradients", sub["integrated_gradients"], n)]
+        rows += [[label, method, verses, cell(row, "argmax"), cell(row, "threshold 0.2")]
+                 for method, row, verses in methods]
+    last = _by_mark(data["transformer"])[-1]
+    for method, key in (("eflomal, intersection", "eflomal intersection"),
+                        ("eflomal, grow-diag-final-and", "eflomal grow-diag-final-and")):
+        rows.append(["-", method, f"{last['verses']:,}", f"{last['aer'][key]['links']:.3f}", "-"])
+    diagonal = last["aer"]["diagonal"]
+    rows.append(["-", "diagonal", f"{last['verses']:,}", cell(diagonal, "argmax"), cell(diagonal, "threshold 0.2")])
+    return rows
+
+
+def alignment_faithfulness() -> list[list[str]]:
+    data = _load("studies/alignment/results.json")["results"]
+    rows = [["model", "verses", "100 - chrF: most attended word removed", "random word removed",
+             "most attended changes more / ties"]]
+    for key, label in ALIGN_MODELS.items():
+        f = _by_mark(data[key])[-1]["faithfulness"]
+        rows.append([label, str(f["verses"]), f"{f['most attended: chrf_drop']['mean']:.1f}",
+                     f"{f['random: chrf_drop']['mean']:.1f}",
+                     f"{f['most attended changes more (edit rate)']} / {f['ties']}"])
+    return rows
+
+
 TABLES = {f.__name__: f for f in (rnn_vs_transformer, rnn_vs_transformer_batches, translation, positions,
                                   attention_cost, attention_cost_quick, pretraining_pays, pretraining_curves,
                                   pretraining_budget, summarisation, vit_digits, induction_heads_training,
-                                  induction_heads)}
+                                  induction_heads, alignment_training, alignment, alignment_faithfulness)}
 
 # Numbers a study's prose may use that are its settings, not its measurements (marks, budgets,
 # lengths, model sizes, papers' years), by the heading of its section on the page.
@@ -245,6 +308,7 @@ SETTINGS = {
     "Summarisation at equal time": {"2018", "10", "8", "2", "5", "500"},
     "Attention over image patches (ViT)": {"8", "2", "4", "120"},
     "Induction heads": {"2022", "2", "4", "64", "8", "20", "41", "63", "900"},
+    "Does attention give alignment for free?": {"2", "12", "2019", "300", "0.2"},
 }
 
 

@@ -14,10 +14,10 @@ Training reuses the other studies' configurations: the Transformer is the transl
 recipe (`examples/translation_en_es.yaml`), the LSTMs are rnn_vs_transformer's `lstm+attention`
 and `lstm+luong` with its shared tokenizer; each trains in its own one-thread process on the
 studies' CPU-time clock (examples/studies/common.py), saving a model at every mark; an
-interrupted run resumes from its last checkpoint. Scoring takes each model's latest mark, once
-(`OUT/<model>/alignment.json`). The reference (`OUT/reference.json`: the held-out verses' words
-with their Strong's numbers and the check of the corpus's verse pairing) and eflomal's links
-(`OUT/eflomal.json`) are computed once. Outputs: results.md, results.json, aer_heads.png,
+interrupted run resumes from its last checkpoint. Scoring takes each model's latest mark and
+those of `--score-marks`, each once (`OUT/<model>/alignment.json`). The reference
+(`OUT/reference.json`: the held-out verses' words with their Strong's numbers and the check of the
+corpus's verse pairing) and eflomal's links (`OUT/eflomal.json`) are computed once. Outputs: results.md, results.json, aer_heads.png,
 aer_heads_input.png, example_<model>.png.
 """
 
@@ -174,18 +174,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="runs/alignment-study")
     p.add_argument("--recipe", default=str(HERE.parents[1] / "translation_en_es.yaml"))
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    p.add_argument("--marks", type=cpu_minutes, nargs="+", default=[10, 15, 20, 25],
+    p.add_argument("--marks", type=cpu_minutes, nargs="+", default=[10, 15, 20, 25, 30, 40, 50, 60, 70, 80],
                    help="CPU minutes at which the Transformer is saved (the last is its budget)")
-    p.add_argument("--rnn-marks", type=cpu_minutes, nargs="+", default=[5, 10, 15],
+    p.add_argument("--rnn-marks", type=cpu_minutes, nargs="+", default=[5, 10, 15, 20, 30, 40, 50, 60],
                    help="CPU minutes at which each LSTM is saved (the last is its budget)")
     p.add_argument("--jobs", type=positive_int, default=3)
     p.add_argument("--verses", type=positive_int, default=300, help="held-out verses whose attention is scored")
-    p.add_argument("--attribution-verses", type=positive_int, default=60,
+    p.add_argument("--attribution-verses", type=positive_int, default=50,
                    help="the first this many of them also scored by attribution")
     p.add_argument("--ig-steps", type=positive_int, default=8, help="integrated gradients' steps")
-    p.add_argument("--faith-verses", type=positive_int, default=60, help="verses of the faithfulness check")
+    p.add_argument("--faith-verses", type=positive_int, default=100, help="verses of the faithfulness check")
     p.add_argument("--score-marks", type=cpu_minutes, nargs="+", default=None,
-                   help="with --analyse-only: score these saved marks too (CPU minutes), not just the latest")
+                   help="score these saved marks too (CPU minutes), not just the latest")
     p.add_argument("--eflomal-pairs", type=positive_int, default=None,
                    help="eflomal aligns this many training pairs beside the held-out ones (default: all)")
     p.add_argument("--train-only", action="store_true", help="train (or resume) and score nothing")
