@@ -40,6 +40,13 @@ def head_table(aer: dict[str, dict], prefix: str = "") -> tuple[list[str], list[
     return [f"layer {l}" for l in layers], grid, lines
 
 
+def _without_matrices(table: dict[str, dict]) -> dict[str, dict]:
+    """The results with each example verse's score matrices left out (they are drawn in
+    example_<model>.png and kept in OUT/<model>/alignment.json): results.json stays small."""
+    return {name: {mark: {**r, "example": {k: v for k, v in r["example"].items() if k != "matrices"}}
+                   if r.get("example") else r for mark, r in results.items()} for name, results in table.items()}
+
+
 def training_table(table: dict[str, dict]) -> list[str]:
     """Markdown lines: for each model and each scored mark, its step, how well it translates
     (greedy BLEU and chrF on the faithfulness verses) and the AER (argmax) of its best
@@ -163,6 +170,6 @@ def report(out: Path, args: Any, seconds: float) -> str:
                                       "reference": {k: v for k, v in ref.items() if k != "held_out"},
                                       "eflomal": {k: v for k, v in (read_json(out / "eflomal.json") or {}).items()
                                                   if k != "held_out"},
-                                      "results": table, "seconds": seconds})
+                                      "results": _without_matrices(table), "seconds": seconds})
     atomic_write_text(out / "results.md", text)
     return text
