@@ -28,9 +28,9 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-from machine import loadavg
+from attnlab.cli.argtypes import positive_int
+from machine import loadavg, write_result
 
 SETTINGS = {"threads=1": (1, None), "threads=2": (2, None), "threads=2 passive": (2, "PASSIVE")}
 
@@ -80,11 +80,11 @@ def phase(args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--busy", type=int, default=2, help="spinning processes during the busy phase")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--layers", type=int, default=6)
-    parser.add_argument("--d-model", type=int, default=384)
-    parser.add_argument("--vocab", type=int, default=4096)
-    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    parser.add_argument("--layers", type=positive_int, default=6)
+    parser.add_argument("--d-model", type=positive_int, default=384)
+    parser.add_argument("--vocab", type=positive_int, default=4096)
+    parser.add_argument("--new-tokens", type=positive_int, default=64)
     parser.add_argument("--out", default=None, help="also write the JSON here")
     args = parser.parse_args()
 
@@ -99,10 +99,7 @@ def main() -> None:
             p.wait()
     result = {"benchmark": "busy", "args": vars(args), "cpus": os.cpu_count(), "idle": idle, "busy": busy,
               "slowdown": {s: idle["tokens_per_s"][s] / busy["tokens_per_s"][s] for s in SETTINGS}}
-    text = json.dumps(result, indent=2)
-    if args.out:
-        Path(args.out).write_text(text + "\n", encoding="utf-8")
-    print(text)
+    write_result(result, args.out)
 
 
 if __name__ == "__main__":

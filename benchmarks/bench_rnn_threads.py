@@ -18,8 +18,8 @@ thread count; the load average is recorded before and after.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
-import json
 import statistics
 import sys
 import time
@@ -28,13 +28,15 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from machine import loadavg
+from attnlab.cli.argtypes import positive_int
+from machine import loadavg, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 STUDY = ROOT / "examples" / "studies" / "rnn_vs_transformer" / "run.py"
 NAMES = ("transformer", "lstm+luong", "lstm+attention")
 
 
+@functools.cache
 def study_models() -> dict:
     """The study's MODELS table (model sections of its configurations)."""
     sys.path.insert(0, str(STUDY.parents[1]))  # the studies' common.py
@@ -72,13 +74,13 @@ def step_fn(model, batch: int, src_len: int, tgt_len: int, vocab: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=2, help="steps per timing")
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--src-len", type=int, default=48)
-    parser.add_argument("--tgt-len", type=int, default=56)
-    parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--rounds", type=positive_int, default=5)
+    parser.add_argument("--steps", type=positive_int, default=2, help="steps per timing")
+    parser.add_argument("--threads", type=positive_int, nargs="+", default=[1, 2])
+    parser.add_argument("--batch", type=positive_int, default=32)
+    parser.add_argument("--src-len", type=positive_int, default=48)
+    parser.add_argument("--tgt-len", type=positive_int, default=56)
+    parser.add_argument("--vocab", type=positive_int, default=8000)
     parser.add_argument("--models", nargs="+", default=list(NAMES), choices=NAMES)
     parser.add_argument("--out", default=None, help="also write the JSON here")
     args = parser.parse_args()
@@ -107,10 +109,7 @@ def main() -> None:
         "rounds": {name: {str(t): v for t, v in by.items()} for name, by in times.items()},
         "loadavg": {"before": load_before, "after": loadavg()},
     }
-    text = json.dumps(result, indent=2)
-    if args.out:
-        Path(args.out).write_text(text + "\n", encoding="utf-8")
-    print(text)
+    write_result(result, args.out)
 
 
 if __name__ == "__main__":

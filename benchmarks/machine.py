@@ -65,3 +65,15 @@ def sample_peaks(n: int = 1024, precisions: tuple[str, ...] = ("fp32", "bf16")) 
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
     for precision in precisions:
         PEAKS[precision] = max(PEAKS[precision], matmul_peak(n, 3, dtypes[precision]))
+
+
+def write_result(result: dict, out: str | None) -> None:
+    """Print a benchmark's JSON and, with `out`, write it there too (whole or not at all)."""
+    import json
+
+    from attnlab.io.files import atomic_write_text
+
+    text = json.dumps(result, indent=2)
+    if out:
+        atomic_write_text(out, text + "\n")
+    print(text)

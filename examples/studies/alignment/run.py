@@ -146,19 +146,23 @@ def analyse(name: str, args: argparse.Namespace) -> None:
     AER of every method, and faithfulness."""
     out = Path(args.out)
     saved = {p.name for p in (run_dir(out, name) / "marks").glob("*min")}
-    wanted = [latest_mark(out, name)] + [f"{m:g}min" for m in args.score_marks or []]
-    for mark in dict.fromkeys(m for m in wanted if m in saved):
-        analyse_mark(name, mark, args)
+    wanted = [m for m in [latest_mark(out, name)] if m] + [f"{m:g}min" for m in args.score_marks or []]
+    for mark in dict.fromkeys(m for m in wanted if m not in saved):
+        print(f"[{name}] --score-marks: no mark {mark} saved (saved: {', '.join(sorted(saved)) or 'none'}); skipped",
+              file=sys.stderr, flush=True)
+    done = read_json(run_dir(out, name) / "alignment.json") or {}
+    todo = [m for m in dict.fromkeys(wanted) if m in saved and m not in done]
+    if todo:
+        verses, links = scored_verses(out, args.verses)  # read once for every mark
+        for mark in todo:
+            analyse_mark(name, mark, args, verses, links)
 
 
-def analyse_mark(name: str, mark: str, args: argparse.Namespace) -> None:
+def analyse_mark(name: str, mark: str, args: argparse.Namespace, verses: list[dict], links: list[dict]) -> None:
     from analysis import faithfulness, score_model
 
     out = Path(args.out)
     results = read_json(run_dir(out, name) / "alignment.json") or {}
-    if mark in results:
-        return
-    verses, links = scored_verses(out, args.verses)
     cpu0, wall0, load = time.process_time(), time.perf_counter(), loadavg()
     folder = run_dir(out, name) / "marks" / mark
     scored = score_model(folder, verses, args.attribution_verses, args.ig_steps, links)
