@@ -12,35 +12,30 @@ Notation: N rows (tokens in one call), K in_features, O out_features.
 A decoding step reads every weight once for a handful of rows: its time is the bytes of the
 weights (4 per fp32 weight, 2 in bf16, 1 in int8) over the memory bandwidth, so fewer bytes per
 weight is a faster step, at a cost in accuracy that `benchmarks/bench_generate.py --weights`
-measures. What one product computes, the same whichever kernel runs it (so a cached step equals
-the full forward):
+measures. What one product computes, the same whichever kernel runs it:
 
-    bf16:  y = bf16( bf16(x) @ W_bf16^T ) + b
-    int8:  y = bf16( bf16(x) @ Q^T ) * s + b,   s[o] = max_k |W[o, k]| / 127,  Q = round(W / s) in [-127, 127]
+    int8:  y = fp32(round(x / sx) @ Q^T) * sx * s + b,   s[o] = max_k |W[o, k]| / 127,  Q = round(W / s)
+           in [-127, 127];  sx[n] = max_k |x[n, k]| / 32767 (each row of activations in int16)
+    bf16:  y = bf16( bf16(x) @ W_bf16^T ) + b,             summed in fp32
 
-each sum accumulated in fp32. The activations meet the matrix rounded to bf16 and the product
-leaves it rounded to bf16 once, because the CPU kernels that make such weights pay take and
-give bf16 (below); each rounding (relative error at most 2^-8) is small beside the weights'
-own (int8: up to s / 2 per weight, about 1% of a row's typical weight; bf16: 2^-8).
+The int8 sums are exact integers, so every kernel and row count gives the same bits (a cached
+decoding step equals the full forward exactly); the activations' int16 rounding (at most
+max|x| / 65534 per value) is small beside the weights' own (up to s / 2 per weight, about 1% of
+a row's typical weight). The bf16 product rounds the activations to bf16 and its result once
+(relative error at most 2^-8 each), small beside the weights' own rounding (2^-8).
 
-The kernels (torch 2.13, CPU):
-- int8, K a multiple of 32: `torch.ops.aten._weight_int8pack_mm`, which turns int8 into fp32
-  in registers and accumulates in fp32 (AVX-512 / AVX2 code) for bf16 activations; for fp32
-  activations the same op is a scalar loop, ten times slower than fp32 BLAS, hence the bf16
-  activations. The scales are passed as ones and applied in fp32 after (the op would round
-  them to bf16). It takes 4 rows at a time, so a long prompt (hundreds of rows) runs about
-  1.4x slower than fp32 BLAS would; a step's row runs about 2.3x faster on the 384 x 50,304
-  head of the benchmark (one thread), less on small matrices. Another K (or a GPU):
-  the same product through fp32 BLAS on Q converted per call (its integers are exact in fp32).
-- bf16 on a CPU with native bf16 (AVX-512 BF16, AMX): oneDNN's inner product on the weight
-  reordered once into its blocked layout (cached beside the module, like the fp32 inference
-  layouts of `attnlab.nn.linear`): twice as fast as on the plain matrix, yet for one row of a
-  matrix that sits in cache slower than fp32 BLAS (94 against 45 µs on 384 x 1,152, one thread
-  of a Xeon with AMX); on weights streamed from memory it reads them at 0.68 of the copy
-  bandwidth (1.41x fp32 on a 355M-parameter model). A step reads 2 bytes per weight, but
-  memory holds 4 (the plain bf16 buffer and the blocked copy). Elsewhere (AVX2,
-  where bf16 products are emulated, or a GPU): `F.linear` in bf16 for one row (torch's bf16
-  matrix-vector product keeps an fp32 accumulator) or on a GPU, else fp32 BLAS on W converted.
+The kernels (`attnlab.nn.native`, compiled on first use; without a C++ compiler, their
+PyTorch references after one warning):
+- int8, any row count: `native.int8_rows`, which widens int8 weights to int16 in registers and
+  multiplies them with the int16 activations in integer pairs (AVX2), the whole product and its
+  scales in one call. On the 2-core AMD EPYC (Zen 1) of `benchmarks/README.md` it reads weights
+  streamed from memory at 0.8 of the copy bandwidth on two threads. The reference (and a GPU)
+  sums in float64.
+- bf16, up to `BF16_KERNEL_ROWS` rows on a CPU: `native.bf16_rows` (fp32 sums, AVX2). More rows:
+  on a CPU with native bf16 (AVX-512 BF16, AMX), oneDNN's inner product on the weight reordered
+  once into its blocked layout (cached beside the module, like the fp32 inference layouts of
+  `attnlab.nn.linear`; memory then holds the matrix twice); elsewhere fp32 BLAS on W converted
+  per call; on a GPU, `F.linear` in bf16.
 
 Embedding tables stay fp32: a step reads one row of each, so their storage costs no time. A
 tied LM head (the output matrix is the token embedding) is quantized as a Linear of its own —
@@ -60,9 +55,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from attnlab.nn import native
+
 WEIGHT_FORMATS = ("fp32", "bf16", "int8")
-_INT8_MM = torch.ops.aten._weight_int8pack_mm.default  # the overloads, resolved once: these run for every
-_ONEDNN_LINEAR = torch.ops.mkldnn._linear_pointwise.default  # matrix of every decoding step
+_ONEDNN_LINEAR = torch.ops.mkldnn._linear_pointwise.default  # resolved once: it runs for every matrix of a step
+BF16_KERNEL_ROWS = 4  # up to this many rows take native.bf16_rows (beyond, it falls behind fp32 BLAS on 2 cores)
 
 
 @functools.cache
@@ -120,9 +117,6 @@ class QuantizedLinear(nn.Module):
         self.register_buffer("qweight", torch.zeros(out_features, in_features, dtype=dtype))
         self.register_buffer("scale", torch.ones(out_features) if weights == "int8" else None)
         self.register_buffer("bias", torch.zeros(out_features) if bias else None)
-        # the int8 kernel's own scales, all 1: s is applied in fp32 after it
-        self.register_buffer("_ones", torch.ones(out_features, dtype=torch.bfloat16) if weights == "int8" else None,
-                             persistent=False)
 
     @classmethod
     @torch.no_grad()
@@ -154,40 +148,28 @@ class QuantizedLinear(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         """x (..., K) -> (..., O) in x's dtype (see the module docstring)."""
         b = self._buffers  # read once: a buffer read as an attribute takes nn.Module's slow fallback
-        # a fresh, contiguous (so aligned) bf16 copy: the int8 kernel loads its rows with aligned loads
-        xb = x.reshape(-1, self.in_features).to(torch.bfloat16, memory_format=torch.contiguous_format, copy=True)
-        scale, bias = b["scale"], b["bias"]
-        if scale is not None:
-            y = self._int8_product(xb)  # (N, O) bf16
-            y = torch.mul(y, scale) if bias is None else torch.addcmul(bias, y, scale)
+        rows = x.reshape(-1, self.in_features)
+        if b["scale"] is not None:
+            y = native.int8_rows(rows.float(), b["qweight"], b["scale"], b["bias"])
         else:
-            y = self._bf16_product(xb)
-            y = y.float() if bias is None else torch.add(y, bias)
+            y = self._bf16_product(rows.to(torch.bfloat16))
+            y = y.float() if b["bias"] is None else torch.add(y, b["bias"])
         if y.dtype != x.dtype:
             y = y.to(x.dtype)
         return y.view(*x.shape[:-1], self.out_features)
-
-    def _int8_product(self, xb: Tensor) -> Tensor:
-        """bf16(xb @ Q^T), fp32 accumulation."""
-        q = self._buffers["qweight"]
-        if self._int8_kernel_applies(q):
-            return _INT8_MM(xb, q, self._buffers["_ones"])
-        return reference_product(xb, q)
-
-    def _int8_kernel_applies(self, q: Tensor) -> bool:
-        # the kernel steps through K 16 (AVX-512) or 8 (AVX2) at a time with aligned loads
-        return q.device.type == "cpu" and self.in_features % 32 == 0
 
     def _bf16_product(self, xb: Tensor) -> Tensor:
         """bf16(xb @ W^T), fp32 accumulation."""
         w = self._buffers["qweight"]
         if w.device.type != "cpu":
             return F.linear(xb, w)
+        if xb.shape[0] <= BF16_KERNEL_ROWS and native.kernels() is not None:
+            return native.bf16_rows(xb, w)
         if _native_bf16():
-            return _ONEDNN_LINEAR(xb, self._packed(), None, "none", [], "")
+            return _ONEDNN_LINEAR(xb.contiguous(), self._packed(), None, "none", [], "")
         if xb.shape[0] == 1:
-            return F.linear(xb, w)
-        return reference_product(xb, w)
+            return F.linear(xb, w)  # torch's bf16 matrix-vector product keeps an fp32 accumulator
+        return native.bf16_rows_reference(xb, w)
 
     def inference_layout(self) -> Callable[[Tensor], Tensor]:
         """The call of a decoding step's rows, x (N, K) fp32 -> (N, O), with this module's
@@ -195,27 +177,26 @@ class QuantizedLinear(nn.Module):
         length of a decoding loop (the weights do not change there), so that `project` skips
         nn.Module's call and the checks above. Anything else goes to `forward`."""
         b = self._buffers
-        q, scale, bias, ones = b["qweight"], b["scale"], b["bias"], b["_ones"]
+        q, scale, bias = b["qweight"], b["scale"], b["bias"]
         forward = self.forward
-        fp32 = torch.float32
-        if scale is not None and self._int8_kernel_applies(q):
-            def step(x: Tensor) -> Tensor:
-                if x.dtype is not fp32:
-                    return forward(x)
-                y = _INT8_MM(x.to(torch.bfloat16, memory_format=torch.contiguous_format, copy=True), q, ones)
-                return torch.mul(y, scale) if bias is None else torch.addcmul(bias, y, scale)
-            return step
-        if scale is None and q.device.type == "cpu" and _native_bf16():
-            packed = self._packed()
+        ops = native.kernels() if q.device.type == "cpu" else None
+        if ops is None:
+            return forward
+        fp32, rows_max = torch.float32, BF16_KERNEL_ROWS
+        if scale is not None:
+            int8 = ops.int8_rows
 
             def step(x: Tensor) -> Tensor:
-                if x.dtype is not fp32:
-                    return forward(x)
-                y = _ONEDNN_LINEAR(x.to(torch.bfloat16, memory_format=torch.contiguous_format, copy=True), packed,
-                                   None, "none", [], "")
-                return y.float() if bias is None else torch.add(y, bias)
+                return int8(x.contiguous(), q, scale, bias) if x.dtype is fp32 else forward(x)
             return step
-        return forward
+        bf16 = ops.bf16_rows
+
+        def step(x: Tensor) -> Tensor:
+            if x.dtype is not fp32 or x.shape[0] > rows_max:
+                return forward(x)
+            y = bf16(x.to(torch.bfloat16, memory_format=torch.contiguous_format), q)
+            return y.float() if bias is None else torch.add(y, bias)
+        return step
 
     def _packed(self) -> Tensor:
         """oneDNN's blocked copy of the bf16 matrix, made on first use, remade when the buffer changes."""
@@ -226,13 +207,6 @@ class QuantizedLinear(nn.Module):
             hit = (signature, torch.ops.mkldnn._reorder_linear_weight(w, 1))
             _PACKED[self] = hit
         return hit[1]
-
-
-def reference_product(xb: Tensor, qweight: Tensor) -> Tensor:
-    """bf16(xb @ qweight^T) through fp32 BLAS: the products of bf16 activations with bf16 or
-    int8 weights are exact in fp32, so this is what the kernels compute, up to the order of
-    the fp32 sums. xb (N, K) bf16, qweight (O, K) bf16 or int8 -> (N, O) bf16."""
-    return F.linear(xb.float(), qweight.float()).to(torch.bfloat16)
 
 
 def quantize_weights(model: nn.Module, weights: str = "int8", *, inplace: bool = False) -> nn.Module:
@@ -266,5 +240,5 @@ def quantize_weights(model: nn.Module, weights: str = "int8", *, inplace: bool =
     return target
 
 
-__all__ = ["QuantizedLinear", "WEIGHT_FORMATS", "check_weights", "int8_per_channel", "quantize_weights",
-           "reference_product"]
+__all__ = ["BF16_KERNEL_ROWS", "QuantizedLinear", "WEIGHT_FORMATS", "check_weights", "int8_per_channel",
+           "quantize_weights"]

@@ -1,0 +1,174 @@
+"""Compiled CPU kernels where PyTorch has none fast enough, built on first use and cached.
+
+The one source so far, `weight_only.cpp`, holds the two products of weight-only decoding
+(`attnlab.decoding.quantize`): rows of activations against a matrix stored as int8 or bf16,
+reading each weight once and widening it in registers (AVX2 where the CPU has it, else plain
+C++), so that a decoding step streams 1 or 2 bytes per weight from memory instead of 4. Their
+output rows are split among torch's own intra-op threads. What each computes, kernel or not:
+
+    int8_rows(x, q, s, b):  y[n, o] = fp32(sum_k xq[n, k] q[o, k]) * sx[n] * s[o] + b[o]
+        x (N, K) fp32, q (O, K) int8, s and b (O,) fp32; each row of x in int16,
+        sx[n] = max_k |x[n, k]| / 32767 (1 for a row of zeros), xq = round(x / sx);
+        the sum is exact (integers), so it does not depend on the order of summing;
+        a row of x holding inf or NaN gives a row of NaN
+    bf16_rows(x, w):        y = bf16(x @ w^T), x (N, K) and w (O, K) bf16, summed in fp32
+
+Each fp32 operation rounds once (the compiler may not fuse a multiply and an add), so the int8
+product of the kernel and of its reference are the same bits; bf16 agree up to the order of
+the fp32 sums.
+
+Building: the first process that needs them compiles the source with the machine's C++
+compiler (`$CXX`, else `c++`) against this torch's headers, once (about 15 s), into
+`$ATTNLAB_CACHE/native/<key>/` (default `~/.cache/attnlab`); the key hashes the source, the
+flags, the compiler and the torch version, so a new torch or a new source builds afresh. The
+library is written under a temporary name and renamed when complete, so an interrupted build
+leaves nothing that looks finished. With no compiler or a failed build, `kernels()` is None
+after one warning, and `int8_rows` / `bf16_rows` take the PyTorch references (slower; a GPU
+tensor takes them too); `ATTNLAB_NATIVE=0` chooses that without a warning.
+
+    from attnlab.nn import native
+    y = native.int8_rows(x, q, scale, bias)     # the kernel where it is built, else the reference
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from attnlab.io.cache import cache_dir
+
+SOURCE = Path(__file__).with_name("weight_only.cpp")
+_DISABLE = "ATTNLAB_NATIVE"  # "0": never build or load, take the references (no warning)
+
+
+INT16_MAX = 32767
+_EXACT_CHUNK_BYTES = 64 << 20  # fp64 weights converted at a time by the int8 reference
+
+
+def int8_rows(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None = None) -> Tensor:
+    """The int8 product (module docstring): the compiled kernel for CPU tensors where it is
+    built, else `int8_rows_reference`; the same bits either way. x (N, K) fp32 -> (N, O) fp32."""
+    ops = kernels() if x.device.type == "cpu" else None
+    if ops is None:
+        return int8_rows_reference(x, q, scale, bias)
+    return ops.int8_rows(x.float().contiguous(), q, scale, bias)
+
+
+def int8_rows_reference(x: Tensor, q: Tensor, scale: Tensor, bias: Tensor | None = None) -> Tensor:
+    """The int8 product in PyTorch: the integer sums in float64 (exact while below 2^53, that is
+    for any K up to 2^53 / (32767 * 127) = 2.2e9), the same fp32 operations after."""
+    top = x.abs().amax(dim=1, keepdim=True)
+    sx = torch.where(top > 0, top / INT16_MAX, torch.ones_like(top))
+    xq = torch.round(x / sx).clamp_(-INT16_MAX, INT16_MAX).double()
+    rows = max(1, _EXACT_CHUNK_BYTES // (8 * q.shape[1]))
+    sums = torch.cat([F.linear(xq, q[i:i + rows].double()) for i in range(0, q.shape[0], rows)], dim=1)
+    y = sums.float() * sx * scale
+    return y + bias if bias is not None else y
+
+
+def bf16_rows(x: Tensor, w: Tensor) -> Tensor:
+    """The bf16 product (module docstring): the compiled kernel for CPU tensors where it is
+    built, else `bf16_rows_reference`. x (N, K) bf16 -> (N, O) bf16."""
+    ops = kernels() if x.device.type == "cpu" else None
+    if ops is None:
+        return bf16_rows_reference(x, w)
+    return ops.bf16_rows(x.contiguous(), w)
+
+
+def bf16_rows_reference(x: Tensor, w: Tensor) -> Tensor:
+    """The bf16 product through fp32 BLAS: bf16 times bf16 is exact in fp32, so this equals the
+    kernel up to the order of the fp32 sums."""
+    return F.linear(x.float(), w.float()).to(torch.bfloat16)
+
+
+def _simd_flags() -> list[str]:
+    """AVX2 + FMA where torch found them on this CPU (it checks the OS enables them too)."""
+    if platform.machine().lower() in ("x86_64", "amd64") and torch.backends.cpu.get_cpu_capability() in ("AVX2",
+                                                                                                           "AVX512"):
+        return ["-mavx2", "-mfma"]
+    return []
+
+
+def _command(compiler: str, output: Path) -> list[str]:
+    """The one compiler call that builds SOURCE into `output` against this torch."""
+    from torch.utils import cpp_extension
+
+    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
+    libraries = cpp_extension.library_paths()
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [compiler, "-O3", "-ffp-contract=off", "-std=c++20", "-fPIC", "-shared", "-fopenmp", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            *_simd_flags(), *includes, str(SOURCE), *[f"-L{p}" for p in libraries],
+            *[f"-Wl,-rpath,{p}" for p in libraries], "-ltorch", "-ltorch_cpu", "-lc10", "-o", str(output)]
+
+
+def _compiler() -> str | None:
+    """The C++ compiler's path: `$CXX` (which may carry flags: the first word), else `c++`, else None."""
+    named = shlex.split(os.environ.get("CXX", "c++")) or ["c++"]
+    return shutil.which(named[0])
+
+
+def _build(compiler: str) -> Path:
+    """The compiled library, from the cache or built now (atomically); raises on a failed build."""
+    key_text = "\n".join([SOURCE.read_text(encoding="utf-8"), torch.__version__, sys.version,
+                          *_command(compiler, Path("out.so"))])
+    key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
+    folder = cache_dir() / "native" / key
+    library = folder / "attnlab_native.so"
+    if library.is_file():
+        return library
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"attnlab: compiling the native decoding kernels once (about 15 s) into {folder}", file=sys.stderr,
+          flush=True)
+    fd, tmp = tempfile.mkstemp(prefix=".building-", suffix=".so", dir=folder)
+    os.close(fd)
+    try:
+        done = subprocess.run(_command(compiler, Path(tmp)), capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            tail = "\n".join(done.stderr.strip().splitlines()[-8:])
+            raise RuntimeError(f"{compiler} exited with {done.returncode}:\n{tail}")
+        os.replace(tmp, library)  # whole or not at all; a second process building too replaces it whole
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return library
+
+
+@functools.cache
+def kernels():
+    """`torch.ops.attnlab_native` (`int8_rows`, `bf16_rows`, and `simd`: 2 for an AVX2 build, 0
+    for plain C++), built and loaded once per process; None where they cannot be (one warning
+    saying why and what runs instead) or where `ATTNLAB_NATIVE=0`."""
+    if os.environ.get(_DISABLE, "1") == "0":
+        return None
+    compiler = _compiler()
+    if compiler is None:
+        _fallback(f"no C++ compiler found (CXX={os.environ.get('CXX', 'c++')!r} is not on PATH)")
+        return None
+    try:
+        torch.ops.load_library(str(_build(compiler)))
+    except (OSError, RuntimeError) as err:
+        _fallback(f"building or loading them failed: {err}")
+        return None
+    return torch.ops.attnlab_native
+
+
+def _fallback(why: str) -> None:
+    warnings.warn(f"attnlab's native decoding kernels are unavailable, {why}; int8/bf16 decoding weights take "
+                  f"the slower PyTorch path (install g++ to build them, or set {_DISABLE}=0 to silence this)",
+                  RuntimeWarning, stacklevel=3)
+
+
+__all__ = ["INT16_MAX", "SOURCE", "bf16_rows", "bf16_rows_reference", "int8_rows", "int8_rows_reference", "kernels"]

@@ -1,0 +1,218 @@
+// Weight-only products for decoding (attnlab.decoding.quantize): rows of activations against an
+// int8 or bf16 matrix, reading each weight once. Registered as torch.ops.attnlab_native; built,
+// loaded and given its PyTorch references by attnlab/nn/native/__init__.py, whose docstring
+// states what each op computes. Compiled with -ffp-contract=off, so that every fp32 operation
+// below rounds once, as the references' separate torch operations do.
+//
+// int8_rows: y = float(sum_k xq[n,k] * q[o,k]) * sx[n] * s[o] (+ b[o]), each row of x scaled to
+// int16 (xq = round(x / sx), sx = max|x[n]| / 32767) and the sum taken exactly in integers
+// (int32 lanes of at most 8192 columns, then int64), so any order of summing gives the same bits.
+// bf16_rows: y = bf16(bf16(x) @ w^T), fp32 accumulation (the order of the sums is this kernel's).
+//
+// Output rows are split among torch's intra-op threads (at::parallel_for), so torch.set_num_threads
+// governs these kernels as it does every other.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define ATTNLAB_AVX2 1
+#endif
+
+namespace {
+
+constexpr float kInt16Max = 32767.f;
+// columns one int32 lane may sum: each step adds a pair of products, at most 2 * 32767 * 127 < 2^23
+constexpr int64_t kExactColumns = 8192;
+
+inline float bf16_to_float(uint16_t b) {  // its 16 bits are the high half of the fp32's
+  uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+// ---------------------------------------------------------------- int8 weights, int16 activations
+
+#ifdef ATTNLAB_AVX2
+inline int64_t sum_lanes(__m256i v) {  // the 8 int32 lanes summed in int64
+  __m256i wide = _mm256_add_epi64(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(v)),
+                                  _mm256_cvtepi32_epi64(_mm256_extracti128_si256(v, 1)));
+  alignas(32) int64_t part[4];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(part), wide);
+  return part[0] + part[1] + part[2] + part[3];
+}
+#endif
+
+// sum_k x[k] * w[k], exact
+inline int64_t dot_int16_int8(const int16_t* x, const int8_t* w, int64_t K) {
+  int64_t total = 0, k = 0;
+#ifdef ATTNLAB_AVX2
+  while (k + 32 <= K) {
+    const int64_t stop = std::min(K, k + kExactColumns) & ~int64_t{31};
+    __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+    for (; k < stop; k += 32) {  // 32 int8 weights widened to int16, multiplied and summed in pairs
+      __m256i w0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k)));
+      __m256i w1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k + 16)));
+      a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(w0, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + k))));
+      a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(w1, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + k + 16))));
+    }
+    total += sum_lanes(a0) + sum_lanes(a1);
+  }
+#endif
+  for (; k < K; ++k) total += static_cast<int64_t>(x[k]) * w[k];
+  return total;
+}
+
+// row n of x as int16 and its scale; false when the row holds inf or NaN
+inline bool to_int16(const float* x, int64_t K, int16_t* out, float* scale) {
+  float top = 0.f;
+  bool finite = true;
+  for (int64_t k = 0; k < K; ++k) {
+    top = std::max(top, std::fabs(x[k]));
+    finite = finite && std::isfinite(x[k]);
+  }
+  if (!finite) return false;
+  const float s = top > 0.f ? top / kInt16Max : 1.f;
+  for (int64_t k = 0; k < K; ++k)
+    out[k] = static_cast<int16_t>(std::clamp(std::nearbyint(x[k] / s), -kInt16Max, kInt16Max));
+  *scale = s;
+  return true;
+}
+
+at::Tensor int8_rows(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
+                     const std::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.device().is_cpu() && q.device().is_cpu(), "int8_rows: CPU tensors only");
+  TORCH_CHECK(x.scalar_type() == at::kFloat && q.scalar_type() == at::kChar && scale.scalar_type() == at::kFloat,
+              "int8_rows: x fp32, q int8 and scale fp32, got ", x.scalar_type(), ", ", q.scalar_type(), " and ",
+              scale.scalar_type());
+  TORCH_CHECK(x.dim() == 2 && q.dim() == 2 && x.size(1) == q.size(1), "int8_rows: x (N, K) and q (O, K), got ",
+              x.sizes(), " and ", q.sizes());
+  const int64_t N = x.size(0), K = x.size(1), O = q.size(0);
+  TORCH_CHECK(scale.numel() == O && (!bias || (bias->scalar_type() == at::kFloat && bias->numel() == O)),
+              "int8_rows: scale and bias need ", O, " fp32 values");
+  TORCH_CHECK(x.is_contiguous() && q.is_contiguous() && scale.is_contiguous() && (!bias || bias->is_contiguous()),
+              "int8_rows: contiguous tensors only");
+  at::Tensor y = at::empty({N, O}, x.options());
+  if (N == 0 || O == 0) return y;
+  std::vector<int16_t> xq(static_cast<size_t>(N * K));
+  std::vector<float> sx(static_cast<size_t>(N));
+  std::vector<char> finite(static_cast<size_t>(N));
+  const float* xp = x.data_ptr<float>();
+  for (int64_t n = 0; n < N; ++n) finite[n] = to_int16(xp + n * K, K, xq.data() + n * K, &sx[n]);
+  const int8_t* qp = q.data_ptr<int8_t>();
+  const float* sp = scale.data_ptr<float>();
+  const float* bp = bias ? bias->data_ptr<float>() : nullptr;
+  float* yp = y.data_ptr<float>();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // about 64 KiB of weights per task: enough work to pay for a thread's start
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / K);
+  at::parallel_for(0, O, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      const int8_t* row = qp + o * K;  // read from memory once; from the L1 cache for the other rows of x
+      for (int64_t n = 0; n < N; ++n) {
+        float v = nan;
+        if (finite[n]) {
+          v = static_cast<float>(dot_int16_int8(xq.data() + n * K, row, K)) * sx[n];
+          v = v * sp[o];
+          if (bp) v = v + bp[o];
+        }
+        yp[n * O + o] = v;
+      }
+    }
+  });
+  return y;
+}
+
+// ---------------------------------------------------------------- bf16 weights
+
+#ifdef ATTNLAB_AVX2
+inline float sum_lanes(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256 bf16x8(const uint16_t* w) {  // 8 bf16 -> 8 fp32: widen, then shift into the high half
+  __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+}
+#endif
+
+inline float dot_bf16(const float* x, const uint16_t* w, int64_t K) {
+  int64_t k = 0;
+  float total = 0.f;
+#ifdef ATTNLAB_AVX2
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  for (; k + 32 <= K; k += 32) {
+    a0 = _mm256_fmadd_ps(bf16x8(w + k), _mm256_loadu_ps(x + k), a0);
+    a1 = _mm256_fmadd_ps(bf16x8(w + k + 8), _mm256_loadu_ps(x + k + 8), a1);
+    a2 = _mm256_fmadd_ps(bf16x8(w + k + 16), _mm256_loadu_ps(x + k + 16), a2);
+    a3 = _mm256_fmadd_ps(bf16x8(w + k + 24), _mm256_loadu_ps(x + k + 24), a3);
+  }
+  total = sum_lanes(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+#endif
+  for (; k < K; ++k) total += x[k] * bf16_to_float(w[k]);
+  return total;
+}
+
+at::Tensor bf16_rows(const at::Tensor& x, const at::Tensor& w) {
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu(), "bf16_rows: CPU tensors only");
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16, "bf16_rows: x and w bf16, got ",
+              x.scalar_type(), " and ", w.scalar_type());
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "bf16_rows: x (N, K) and w (O, K), got ",
+              x.sizes(), " and ", w.sizes());
+  TORCH_CHECK(x.is_contiguous() && w.is_contiguous(), "bf16_rows: contiguous tensors only");
+  const int64_t N = x.size(0), K = x.size(1), O = w.size(0);
+  at::Tensor y = at::empty({N, O}, x.options());
+  if (N == 0 || O == 0) return y;
+  std::vector<float> xf(static_cast<size_t>(N * K));  // the activations in fp32, once
+  const uint16_t* xb = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  for (int64_t i = 0; i < N * K; ++i) xf[i] = bf16_to_float(xb[i]);
+  const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+  c10::BFloat16* yp = y.data_ptr<c10::BFloat16>();
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 15) / K);
+  at::parallel_for(0, O, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o)
+      for (int64_t n = 0; n < N; ++n) yp[n * O + o] = c10::BFloat16(dot_bf16(xf.data() + n * K, wp + o * K, K));
+  });
+  return y;
+}
+
+// which instructions this build uses: 2 (AVX2 + FMA) or 0 (plain C++)
+int64_t simd() {
+#ifdef ATTNLAB_AVX2
+  return 2;
+#else
+  return 0;
+#endif
+}
+
+}  // namespace
+
+TORCH_LIBRARY(attnlab_native, m) {
+  m.def("int8_rows(Tensor x, Tensor q, Tensor scale, Tensor? bias) -> Tensor");
+  m.def("bf16_rows(Tensor x, Tensor w) -> Tensor");
+  m.def("simd() -> int");
+}
+
+TORCH_LIBRARY_IMPL(attnlab_native, CPU, m) {
+  m.impl("int8_rows", int8_rows);
+  m.impl("bf16_rows", bf16_rows);
+}
+
+TORCH_LIBRARY_IMPL(attnlab_native, CatchAll, m) {
+  m.impl("simd", simd);
+}
