@@ -20,8 +20,11 @@ copy measured in the same run. No EOS is set, so every run produces all its toke
 Reduced-precision weights (`--weights bf16 int8`, or `--only weights`): attnlab's batch-1 greedy
 with the Linear weights stored as bf16 / int8 (`attnlab.decoding.quantize_weights`) against
 attnlab's own fp32 on the same GPT-2-style random weights (vocab 50,304 and 4,096), interleaved
-round by round (fp32, bf16, int8, fp32, ...), medians; the bandwidth fraction counts the bytes
-the step really reads (1 per int8 weight + its scales, 2 per bf16 weight). The 6-layer model's
+round by round (fp32, bf16, int8, fp32, ...), medians: the whole call (a 32-token prompt, then
+the new tokens) and the decoding steps alone (`step_*`: the call less a call for the prompt and
+one token); the bandwidth fraction counts the bytes a step really reads (1 per int8 weight + its
+scales, 2 per bf16 weight); `matrices_*` times a step's matrix products alone (every Linear
+once on one row, best of 3 per round), which is where the weights are read. The 6-layer model's
 fp32 weights (50-120 MB) can sit in a large server CPU's last-level cache, where a step is not
 bound by memory bandwidth and fewer bytes per weight need not pay; so the same comparison also
 runs on a 355M-parameter shape (24 layers, d_model 1024, vocab 50,304: 1.4 GB of fp32 weights,
@@ -56,6 +59,7 @@ import transformers
 
 from attnlab.decoding import QuantizedLinear, generate, quantize_weights
 from attnlab.interop import from_hf
+from attnlab.nn.linear import fixed_layouts, project
 from machine import loadavg
 
 
@@ -98,6 +102,23 @@ def weight_bytes_per_token(model: torch.nn.Module) -> int:
     for m in decoder.modules():  # reduced-precision weights are buffers: their stored bytes
         if isinstance(m, QuantizedLinear):
             total += sum(t.numel() * t.element_size() for t in (m.qweight, m.scale, m.bias) if t is not None)
+    return total
+
+
+def matrix_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the matrices (and biases, scales) of every Linear, shared ones once."""
+    seen, total = set(), 0
+    for m in model.modules():
+        if type(m) is torch.nn.Linear:
+            tensors = (m.weight, m.bias)
+        elif isinstance(m, QuantizedLinear):
+            tensors = (m.qweight, m.scale, m.bias)
+        else:
+            continue
+        for t in tensors:
+            if t is not None and id(t) not in seen:
+                seen.add(id(t))
+                total += t.numel() * t.element_size()
     return total
 
 
@@ -182,27 +203,47 @@ def run_case(name: str, hf: torch.nn.Module, batch: int, prompt_len: int, new: i
 def run_weights_case(vocab: int, formats: list[str], new: int, repeats: int, device: torch.device,
                      bandwidth: float, d_model: int = 384, layers: int = 6) -> dict:
     """Batch-1 greedy of attnlab with fp32 and reduced-precision weights (same random weights),
-    interleaved round by round; ratios against fp32 from the medians."""
+    interleaved round by round; ratios against fp32 from the medians. Each round also times the
+    prompt and one new token alone, so that the decoding steps' own time is known: (all `new`
+    tokens - prompt and one token) / (new - 1). A step reads every weight once; the prompt's 32
+    rows are a matrix product, bound by arithmetic rather than memory."""
     ours = from_hf(_gpt2(vocab, torch.device("cpu"), d_model, layers)).to(device).eval()
     models = {"fp32": ours, **{f: quantize_weights(ours, f) for f in formats}}
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, vocab, (1, 32), generator=g).to(device)
 
-    def runner(model):
-        return lambda: generate(model, ids, new, pad_token_id=1)
+    def runner(model, tokens):
+        return lambda: generate(model, ids, tokens, pad_token_id=1)
 
-    for model in models.values():  # warm-up: inference layouts, oneDNN's blocked weights
-        runner(model)()
+    def matrices(model):
+        """A step's matrix products alone: every Linear once, on one row, through the call a
+        decoding loop makes (`project` in `fixed_layouts`)."""
+        mods = [m for m in model.modules() if type(m) in (torch.nn.Linear, QuantizedLinear)]
+        rows = [torch.randn(1, m.in_features, device=device) for m in mods]
+
+        def run():
+            with torch.no_grad(), fixed_layouts(model):
+                for m, x in zip(mods, rows):
+                    project(m, x)
+        return run
+
+    for model in models.values():  # warm-up: inference layouts, oneDNN's blocked weights, the kernels' build
+        runner(model, new)()
     wall = {f: [] for f in models}
     cpu = {f: [] for f in models}
+    first = {f: [] for f in models}
+    products = {f: [] for f in models}
     for _ in range(repeats):
         for f, model in models.items():
-            t, c, _ = _time(runner(model), device)
+            t, c, _ = _time(runner(model, new), device)
             wall[f].append(t)
             cpu[f].append(c)
+            first[f].append(_time(runner(model, 1), device)[0])
+            products[f].append(min(_time(matrices(model), device)[0] for _ in range(3)))
     med = {f: statistics.median(v) for f, v in wall.items()}
+    step = {f: max(statistics.median(wall[f]) - statistics.median(first[f]), 1e-9) / (new - 1) for f in models}
     result = {"case": f"greedy gpt2-{layers}L-{d_model} V={vocab} batch 1, weights", "vocab": vocab,
-              "d_model": d_model, "layers": layers, "new_tokens": new, "formats": {}}
+              "d_model": d_model, "layers": layers, "prompt_tokens": ids.shape[1], "new_tokens": new, "formats": {}}
     for f, model in models.items():
         bytes_tok = weight_bytes_per_token(model)
         result["formats"][f] = {
@@ -211,6 +252,13 @@ def run_weights_case(vocab: int, formats: list[str], new: int, repeats: int, dev
             "cpu_speedup_vs_fp32": round(statistics.median(cpu["fp32"]) / statistics.median(cpu[f]), 3),
             "weight_bytes_per_token": bytes_tok,
             "fraction_of_bandwidth_limit": round(bytes_tok / (med[f] / new) / 1e9 / bandwidth, 3),
+            "step_ms": round(step[f] * 1e3, 2),
+            "step_speedup_vs_fp32": round(step["fp32"] / step[f], 3),
+            "step_fraction_of_bandwidth_limit": round(bytes_tok / step[f] / 1e9 / bandwidth, 3),
+            "prompt_and_one_token_s": round(statistics.median(first[f]), 4),
+            "matrices_ms": round(statistics.median(products[f]) * 1e3, 2),
+            "matrices_fraction_of_bandwidth_limit": round(matrix_bytes(model) / statistics.median(products[f])
+                                                          / 1e9 / bandwidth, 3),
             "s": [round(t, 4) for t in wall[f]], "cpu_s": [round(t, 4) for t in cpu[f]],
         }
     return result

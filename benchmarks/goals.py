@@ -70,9 +70,9 @@ def _case(report: dict, prefix: str, batch: int) -> dict:
     return next(c for c in report["cases"] if c["case"].startswith(prefix) and c.get("batch") == batch)
 
 
-def _weights(report: dict, shape: str, fmt: str) -> float:
+def _weights(report: dict, shape: str, fmt: str, key: str = "speedup_vs_fp32") -> float:
     case = next(c for c in report["cases"] if c["case"] == f"greedy gpt2-{shape} batch 1, weights")
-    return case["formats"][fmt]["speedup_vs_fp32"]
+    return case["formats"][fmt][key]
 
 
 def _window_64k(report: dict, key: str) -> float:
@@ -116,6 +116,14 @@ GOALS: list[Goal] = [
          lambda r: _weights(r, "24L-1024 V=50304", "bf16"), ">=", 1.8),
     Goal("int8 weights, 355M (beyond the cache): x fp32", "weights",
          lambda r: _weights(r, "24L-1024 V=50304", "int8"), ">=", 3.0),
+    # the decoding steps alone (the call less the prompt and its first token), and the step's matrix
+    # products alone, where the weights are read (added 2026-12-06, after the Xeon runs)
+    Goal("bf16 weights, 355M: decoding step x fp32", "weights",
+         lambda r: _weights(r, "24L-1024 V=50304", "bf16", "step_speedup_vs_fp32"), ">=", 1.8),
+    Goal("int8 weights, 355M: decoding step x fp32", "weights",
+         lambda r: _weights(r, "24L-1024 V=50304", "int8", "step_speedup_vs_fp32"), ">=", 3.0),
+    Goal("int8 weights, 355M: a step's products, fraction of copy bandwidth", "weights",
+         lambda r: _weights(r, "24L-1024 V=50304", "int8", "matrices_fraction_of_bandwidth_limit"), ">=", 0.8),
     Goal("sliding window w=256 at 64k, fwd+bwd: seconds", "long", lambda r: _window_64k(r, "seconds"), "<=", 1.0),
     Goal("sliding window w=256 at 64k: MiB beyond q/k/v grads", "long",
          lambda r: _window_64k(r, "peak_extra_beyond_grads_mib"), "<=", 300),

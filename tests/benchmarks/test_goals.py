@@ -79,6 +79,11 @@ def test_a_seq2seq_report_from_the_benchmark_itself(goals, tmp_path):
     assert 0 < report["attnlab_mfu"] < 1
 
 
+# goals whose values the benchmarks began to report after the Xeon runs (read from a later run below)
+ADDED_AFTER_THE_XEON_RUNS = {"bf16 weights, 355M: decoding step x fp32", "int8 weights, 355M: decoding step x fp32",
+                             "int8 weights, 355M: a step's products, fraction of copy bandwidth"}
+
+
 def test_every_goal_reads_its_value_from_a_full_recorded_run(goals):
     """The committed run of every benchmark (benchmarks/results/): each goal finds its value in the
     JSON its benchmark wrote, and the table it recorded is what the goals compute from those reports
@@ -86,7 +91,7 @@ def test_every_goal_reads_its_value_from_a_full_recorded_run(goals):
     run = json.loads((BENCHMARKS / "results" / "goals-2026-11-28-xeon-amx-2.json").read_text())
     reports = {name: bench["report"] for name, bench in run["benchmarks"].items()}
     assert set(reports) == set(goals.BENCHES)
-    rows = [g.check(reports[g.bench]) for g in goals.GOALS]
+    rows = [g.check(reports[g.bench]) for g in goals.GOALS if g.name not in ADDED_AFTER_THE_XEON_RUNS]
     assert all(r["value"] is not None for r in rows), [r["goal"] for r in rows if r["value"] is None]
     assert rows == run["goals"]
     table = goals.table(rows)
