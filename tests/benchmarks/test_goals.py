@@ -116,3 +116,19 @@ def test_an_encode_report_from_the_benchmark_itself(goals, capsys):
     assert identical.check(report)["met"] is False  # one text of three
     report["results"].append({**code, "text": "english", "speedup": 1.3})
     assert english.check(report) == {"goal": english.name, "target": ">= 1", "value": 1.3, "met": True}
+
+
+def test_the_decoding_goals_read_a_later_recorded_run(goals):
+    """`goals.py --only decoding` on the 2-core AMD EPYC (2026-12-06): every decoding goal,
+    those added after the Xeon runs included, finds its value, and the recorded table is what
+    the goals compute from the reports now."""
+    run = json.loads((BENCHMARKS / "results" / "goals-decoding-2026-12-06-epyc.json").read_text())
+    reports = {name: bench["report"] for name, bench in run["benchmarks"].items()}
+    decoding = [g for g in goals.GOALS if goals.BENCHES[g.bench][0] == "decoding"]
+    rows = [g.check(reports[g.bench]) for g in decoding]
+    assert all(r["value"] is not None for r in rows), [r["goal"] for r in rows if r["value"] is None]
+    assert ADDED_AFTER_THE_XEON_RUNS <= {g.name for g in decoding}
+    assert rows == run["goals"]
+    table = goals.table(rows)
+    assert "| int8 weights, 355M: decoding step x fp32 | >= 3 | 2.4 | no |" in table
+    assert "| int8 weights, 355M: a step's products, fraction of copy bandwidth | >= 0.8 | 0.71 | no |" in table
