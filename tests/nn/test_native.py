@@ -37,8 +37,9 @@ def _int8_case(N, K, O, seed=0):
 
 
 # widths with tails after the 32-column blocks, and beyond one int32 lane's 8,192 columns
+# (and rows in and beyond the blocks of 4 that a prompt's rows take)
 SHAPES = [(1, 384, 1152), (3, 100, 7), (4, 1024, 300), (1, 37, 5), (2, 9000, 3), (5, 64, 33), (1, 20001, 2),
-          (7, 31, 1)]
+          (7, 31, 1), (9, 9000, 3)]
 
 
 @pytest.mark.parametrize("N,K,O", SHAPES)
@@ -56,13 +57,15 @@ def test_int8_kernel_is_its_reference_bit_for_bit(ops, N, K, O):
 
 def test_int8_sums_are_exact_where_int32_would_overflow(ops):
     """All activations at their row's maximum, all weights 127, 20,001 columns: 32767 * 127 *
-    20001 = 8.3e10 overflows int32 many times over; the result is the exact product."""
+    20001 = 8.3e10 overflows int32 many times over; the result is the exact product, for one row
+    and for rows taken four at a time."""
     K = 20001
     q = torch.full((2, K), 127, dtype=torch.int8)
     q[1] = -127
-    x = torch.full((1, K), 3.0)
-    y = ops.int8_rows(x, q, torch.ones(2), None)
-    assert y.tolist() == [[3.0 * 127 * K, -3.0 * 127 * K]]
+    for rows in (1, 5):
+        x = torch.full((rows, K), 3.0)
+        y = ops.int8_rows(x, q, torch.ones(2), None)
+        assert y.tolist() == [[3.0 * 127 * K, -3.0 * 127 * K]] * rows
 
 
 def test_int8_rows_of_zeros_inf_and_nan(ops):

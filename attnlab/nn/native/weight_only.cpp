@@ -35,6 +35,8 @@ namespace {
 constexpr float kInt16Max = 32767.f;
 // columns one int32 lane may sum: each step adds a pair of products, at most 2 * 32767 * 127 < 2^23
 constexpr int64_t kExactColumns = 8192;
+// rows of x that share each widened weight when there are that many (a prompt)
+constexpr int64_t kRowsAtOnce = 4;
 
 inline float bf16_to_float(uint16_t b) {  // its 16 bits are the high half of the fp32's
   uint32_t u = static_cast<uint32_t>(b) << 16;
@@ -86,6 +88,30 @@ inline int64_t dot_int16_int8(const int16_t* x, const int8_t* w, int64_t K) {
   return total;
 }
 
+// sums[r] = sum_k x[r * K + k] * w[k] for R rows of x at once, exact: each 16 weights are widened
+// once for the R rows (a prompt's rows; one accumulator per row, so blocks of 4,096 columns)
+template <int R>
+inline void dot_rows_int16_int8(const int16_t* x, const int8_t* w, int64_t K, int64_t* sums) {
+  int64_t k = 0;
+  for (int r = 0; r < R; ++r) sums[r] = 0;
+#ifdef ATTNLAB_AVX2
+  while (k + 16 <= K) {
+    const int64_t stop = std::min(K, k + kExactColumns / 2);
+    __m256i acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_si256();
+    for (; k + 16 <= stop; k += 16) {
+      __m256i wide = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w + k)));
+      for (int r = 0; r < R; ++r)
+        acc[r] = _mm256_add_epi32(acc[r], _mm256_madd_epi16(wide, _mm256_loadu_si256(
+                                                                     reinterpret_cast<const __m256i*>(x + r * K + k))));
+    }
+    for (int r = 0; r < R; ++r) sums[r] += sum_lanes(acc[r]);
+  }
+#endif
+  for (; k < K; ++k)
+    for (int r = 0; r < R; ++r) sums[r] += static_cast<int64_t>(x[r * K + k]) * w[k];
+}
+
 // row n of x as int16 and its scale; false when the row holds inf or NaN
 inline bool to_int16(const float* x, int64_t K, int16_t* out, float* scale) {
   float top = 0.f;
@@ -132,14 +158,22 @@ at::Tensor int8_rows(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
   at::parallel_for(0, O, grain, [&](int64_t begin, int64_t end) {
     for (int64_t o = begin; o < end; ++o) {
       const int8_t* row = qp + o * K;  // read from memory once; from the L1 cache for the other rows of x
-      for (int64_t n = 0; n < N; ++n) {
-        float v = nan;
-        if (finite[n]) {
-          v = static_cast<float>(dot_int16_int8(xq.data() + n * K, row, K)) * sx[n];
-          v = v * sp[o];
-          if (bp) v = v + bp[o];
+      int64_t sums[kRowsAtOnce];
+      for (int64_t n = 0; n < N;) {
+        const int64_t rows = N - n >= kRowsAtOnce ? kRowsAtOnce : 1;
+        if (rows == kRowsAtOnce)
+          dot_rows_int16_int8<kRowsAtOnce>(xq.data() + n * K, row, K, sums);
+        else
+          sums[0] = dot_int16_int8(xq.data() + n * K, row, K);
+        for (int64_t r = 0; r < rows; ++r, ++n) {
+          float v = nan;
+          if (finite[n]) {
+            v = static_cast<float>(sums[r]) * sx[n];
+            v = v * sp[o];
+            if (bp) v = v + bp[o];
+          }
+          yp[n * O + o] = v;
         }
-        yp[n * O + o] = v;
       }
     }
   });
