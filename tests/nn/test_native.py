@@ -198,3 +198,17 @@ def test_a_build_is_made_once_and_reused(tmp_path, ops):
     assert len(libraries) == 1 and not libraries[0].name.startswith(".")
     again, warned, err = _probe(tmp_path)
     assert "KERNELS False False 8 True" in again and warned == [] and "compiling" not in err
+
+
+def test_cxx_names_the_compiler_and_may_carry_words_after_it(monkeypatch, tmp_path):
+    """`$CXX` as build tools read it: its first word found on PATH, the rest (a wrapper's compiler,
+    flags) passed on; missing, `c++`; a first word not on PATH, no compiler."""
+    import shutil
+
+    monkeypatch.setenv("CXX", "g++ -DNDEBUG")
+    assert native._compiler() == [shutil.which("g++"), "-DNDEBUG"]
+    assert native._command(native._compiler(), tmp_path / "x.so")[:2] == [shutil.which("g++"), "-DNDEBUG"]
+    monkeypatch.delenv("CXX")
+    assert native._compiler() == [shutil.which("c++")]
+    monkeypatch.setenv("CXX", str(tmp_path / "absent") + " -O2")
+    assert native._compiler() is None

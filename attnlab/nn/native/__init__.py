@@ -40,7 +40,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 
@@ -49,6 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from attnlab.io.cache import cache_dir
+from attnlab.io.files import atomic_file
 
 SOURCE = Path(__file__).with_name("weight_only.cpp")
 _DISABLE = "ATTNLAB_NATIVE"  # "0": never build or load, take the references (no warning)
@@ -102,47 +102,44 @@ def _simd_flags() -> list[str]:
     return []
 
 
-def _command(compiler: str, output: Path) -> list[str]:
+def _command(compiler: list[str], output: Path) -> list[str]:
     """The one compiler call that builds SOURCE into `output` against this torch."""
     from torch.utils import cpp_extension
 
     includes = [f"-I{p}" for p in cpp_extension.include_paths()]
     libraries = cpp_extension.library_paths()
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    return [compiler, "-O3", "-ffp-contract=off", "-std=c++20", "-fPIC", "-shared", "-fopenmp", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-            *_simd_flags(), *includes, str(SOURCE), *[f"-L{p}" for p in libraries],
-            *[f"-Wl,-rpath,{p}" for p in libraries], "-ltorch", "-ltorch_cpu", "-lc10", "-o", str(output)]
+    return [*compiler, "-O3", "-ffp-contract=off", "-std=c++20", "-fPIC", "-shared", "-fopenmp",
+            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *_simd_flags(), *includes, str(SOURCE),
+            *[f"-L{p}" for p in libraries], *[f"-Wl,-rpath,{p}" for p in libraries],
+            "-ltorch", "-ltorch_cpu", "-lc10", "-o", str(output)]
 
 
-def _compiler() -> str | None:
-    """The C++ compiler's path: `$CXX` (which may carry flags: the first word), else `c++`, else None."""
+def _compiler() -> list[str] | None:
+    """The C++ compiler's command: `$CXX` (its first word found on PATH; the rest, such as a
+    wrapper's compiler or flags, kept), else `c++`; None when it is not found."""
     named = shlex.split(os.environ.get("CXX", "c++")) or ["c++"]
-    return shutil.which(named[0])
+    found = shutil.which(named[0])
+    return [found, *named[1:]] if found else None
 
 
-def _build(compiler: str) -> Path:
-    """The compiled library, from the cache or built now (atomically); raises on a failed build."""
+def _build(compiler: list[str]) -> Path:
+    """The compiled library, from the cache or built now; raises on a failed build. The library
+    is written under a temporary name and renamed when whole (`atomic_file`, which also clears
+    what a killed build left), so two processes building at once each leave a whole file."""
     key_text = "\n".join([SOURCE.read_text(encoding="utf-8"), torch.__version__, sys.version,
                           *_command(compiler, Path("out.so"))])
     key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
-    folder = cache_dir() / "native" / key
-    library = folder / "attnlab_native.so"
+    library = cache_dir() / "native" / key / "attnlab_native.so"
     if library.is_file():
         return library
-    folder.mkdir(parents=True, exist_ok=True)
-    print(f"attnlab: compiling the native decoding kernels once (about 15 s) into {folder}", file=sys.stderr,
-          flush=True)
-    fd, tmp = tempfile.mkstemp(prefix=".building-", suffix=".so", dir=folder)
-    os.close(fd)
-    try:
-        done = subprocess.run(_command(compiler, Path(tmp)), capture_output=True, text=True, check=False)
+    print(f"attnlab: compiling the native decoding kernels once (about 15 s) into {library.parent}",
+          file=sys.stderr, flush=True)
+    with atomic_file(library) as tmp:
+        done = subprocess.run(_command(compiler, tmp), capture_output=True, text=True, check=False)
         if done.returncode != 0:
             tail = "\n".join(done.stderr.strip().splitlines()[-8:])
-            raise RuntimeError(f"{compiler} exited with {done.returncode}:\n{tail}")
-        os.replace(tmp, library)  # whole or not at all; a second process building too replaces it whole
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+            raise RuntimeError(f"{shlex.join(compiler)} exited with {done.returncode}:\n{tail}")
     return library
 
 
