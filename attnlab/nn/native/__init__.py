@@ -40,6 +40,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -143,11 +144,19 @@ def _build(compiler: list[str]) -> Path:
     return library
 
 
-@functools.cache
+_LOADING = threading.Lock()  # the first callers of kernels() from several threads: one builds and loads
+
+
 def kernels():
     """`torch.ops.attnlab_native` (`int8_rows`, `bf16_rows`, and `simd`: 2 for an AVX2 build, 0
     for plain C++), built and loaded once per process; None where they cannot be (one warning
     saying why and what runs instead) or where `ATTNLAB_NATIVE=0`."""
+    with _LOADING:
+        return _load()
+
+
+@functools.cache
+def _load():
     if os.environ.get(_DISABLE, "1") == "0":
         return None
     compiler = _compiler()
@@ -165,7 +174,7 @@ def kernels():
 def _fallback(why: str) -> None:
     warnings.warn(f"attnlab's native decoding kernels are unavailable, {why}; int8/bf16 decoding weights take "
                   f"the slower PyTorch path (install g++ to build them, or set {_DISABLE}=0 to silence this)",
-                  RuntimeWarning, stacklevel=3)
+                  RuntimeWarning, stacklevel=4)
 
 
 __all__ = ["INT16_MAX", "SOURCE", "bf16_rows", "bf16_rows_reference", "int8_rows", "int8_rows_reference", "kernels"]
