@@ -233,13 +233,14 @@ def run_weights_case(vocab: int, formats: list[str], new: int, repeats: int, dev
     cpu = {f: [] for f in models}
     first = {f: [] for f in models}
     products = {f: [] for f in models}
+    alone = {f: matrices(model) for f, model in models.items()}
     for _ in range(repeats):
         for f, model in models.items():
             t, c, _ = _time(runner(model, new), device)
             wall[f].append(t)
             cpu[f].append(c)
             first[f].append(_time(runner(model, 1), device)[0])
-            products[f].append(min(_time(matrices(model), device)[0] for _ in range(3)))
+            products[f].append(min(_time(alone[f], device)[0] for _ in range(3)))
     med = {f: statistics.median(v) for f, v in wall.items()}
     step = {f: max(statistics.median(wall[f]) - statistics.median(first[f]), 1e-9) / (new - 1) for f in models}
     result = {"case": f"greedy gpt2-{layers}L-{d_model} V={vocab} batch 1, weights", "vocab": vocab,

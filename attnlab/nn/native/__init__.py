@@ -32,7 +32,6 @@ tensor takes them too); `ATTNLAB_NATIVE=0` chooses that without a warning.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import platform
@@ -145,17 +144,22 @@ def _build(compiler: list[str]) -> Path:
 
 
 _LOADING = threading.Lock()  # the first callers of kernels() from several threads: one builds and loads
+_UNSET = object()
+_ops = _UNSET  # what kernels() returns, once decided (read without the lock on every later call)
 
 
 def kernels():
-    """`torch.ops.attnlab_native` (`int8_rows`, `bf16_rows`, and `simd`: 2 for an AVX2 build, 0
-    for plain C++), built and loaded once per process; None where they cannot be (one warning
-    saying why and what runs instead) or where `ATTNLAB_NATIVE=0`."""
-    with _LOADING:
-        return _load()
+    """`torch.ops.attnlab_native` (`int8_rows`, `bf16_rows`), built and loaded once per process;
+    None where they cannot be (one warning saying why and what runs instead) or where
+    `ATTNLAB_NATIVE=0`."""
+    global _ops
+    if _ops is _UNSET:
+        with _LOADING:
+            if _ops is _UNSET:
+                _ops = _load()
+    return _ops
 
 
-@functools.cache
 def _load():
     if os.environ.get(_DISABLE, "1") == "0":
         return None

@@ -256,28 +256,14 @@ at::Tensor bf16_rows(const at::Tensor& x, const at::Tensor& w) {
   return y;
 }
 
-// which instructions this build uses: 2 (AVX2 + FMA) or 0 (plain C++)
-int64_t simd() {
-#ifdef ATTNLAB_AVX2
-  return 2;
-#else
-  return 0;
-#endif
-}
-
 }  // namespace
 
 TORCH_LIBRARY(attnlab_native, m) {
   m.def("int8_rows(Tensor x, Tensor q, Tensor scale, Tensor? bias) -> Tensor");
   m.def("bf16_rows(Tensor x, Tensor w) -> Tensor");
-  m.def("simd() -> int");
 }
 
 TORCH_LIBRARY_IMPL(attnlab_native, CPU, m) {
   m.impl("int8_rows", int8_rows);
   m.impl("bf16_rows", bf16_rows);
-}
-
-TORCH_LIBRARY_IMPL(attnlab_native, CatchAll, m) {
-  m.impl("simd", simd);
 }
