@@ -26,6 +26,14 @@ too slow to take turns: their ratios come from their own processes.
 band kernel's file at REF, loaded beside today's), so that a change to the kernel is measured
 against its parent side by side, in turns in one process with --interleave.
 
+The matrix-product floor (sliding window only): the banded kernel runs seven products per tile of
+b queries, each over the window's K = (ceil(w / b) + 1) b keys and the head dim (two forward: the
+scores and P v; five backward: the scores again, dV, dP, dQ, dK), 7 x 2 x H x T x K x Dh FLOP in
+all. "matmul_floor_seconds" is that count over an fp32 matmul peak sampled in the same process
+after the timed runs (`machine.matmul_peak`, the fastest of 5 products of 2048), and
+"fraction_of_matmul_floor" the floor over the measured time: no fp32 code that computes these
+products can beat the floor on this machine.
+
 Memory: torch's CPU allocations are plain malloc/mmap, invisible to tracemalloc, so we read the
 process's resident set from /proc: reset the peak with /proc/self/clear_refs ("5"), then
 peak extra = VmHWM after forward + backward - VmRSS before it. q, k, v and the incoming gradient
@@ -51,7 +59,7 @@ import sys
 import time
 import types
 
-from machine import loadavg, reset_peak_rss, status_bytes
+from machine import loadavg, matmul_peak, reset_peak_rss, status_bytes
 
 KERNELS = ("sdpa", "naive", "sliding_window", "longformer", "bigbird", "bigbird_r2", "linformer")
 PEERS = ("sdpa", "naive")  # dense, 10-100x slower: timed in their own processes, never in turns
@@ -145,9 +153,33 @@ def measure_one(kernel: str, T: int, repeat: int, threads: int | None = None) ->
             cpu.append(elapsed_cpu)
             peaks.append(peak)
     grads = 3 * T * H * DH * 4  # the gradients of q, k, v (fp32)
-    return {"kernel": kernel, "T": T, "seconds": statistics.median(times), "cpu_seconds": statistics.median(cpu),
-            "cpu_seconds_min": min(cpu), "runs": len(times), "peak_extra_mib": round(max(peaks) / 2**20, 1),
-            "peak_extra_beyond_grads_mib": round((max(peaks) - grads) / 2**20, 1)}
+    row = {"kernel": kernel, "T": T, "seconds": statistics.median(times), "cpu_seconds": statistics.median(cpu),
+           "cpu_seconds_min": min(cpu), "runs": len(times), "peak_extra_mib": round(max(peaks) / 2**20, 1),
+           "peak_extra_beyond_grads_mib": round((max(peaks) - grads) / 2**20, 1)}
+    if kernel.startswith("sliding_window"):
+        tile = band_tile(kernel)
+        flops = band_flops(T, tile)
+        peak = matmul_peak()
+        row.update(tile=tile, matmul_flops=flops, matmul_peak_flops=round(peak),
+                   matmul_floor_seconds=round(flops / peak, 3),
+                   fraction_of_matmul_floor=round(flops / peak / row["seconds"], 3))
+    return row
+
+
+def band_tile(kernel: str) -> int:
+    """The tile the band kernel runs the window in: today's default, or the 64 that
+    `sliding_window@REF` passes."""
+    from attnlab.nn.kernels.sparse import default_tile
+
+    return 64 if "@" in kernel else default_tile(WINDOW, banded=True)
+
+
+def band_flops(T: int, tile: int) -> int:
+    """FLOP of the band kernel's seven products (forward + backward) over a causal window of
+    WINDOW, tile `tile`: every query tile against K = (ceil(w / b) + 1) b keys."""
+    tiles = -(-T // tile)
+    keys = (-(-WINDOW // tile) + 1) * tile
+    return 7 * 2 * H * tiles * tile * keys * DH
 
 
 def mean_keys(kernel: str, T: int) -> float | None:

@@ -87,12 +87,12 @@ def longformer_attention(q: Tensor, k: Tensor, v: Tensor, *, window: int, global
     check_qkv(q, k, v)
     B, H, T, _ = q.shape
     gidx = global_index(global_tokens, T, B, q.device)  # (B, g), sentinel T
-    b = tile or default_tile(window)
     s = default_scale(q, scale)
     valid = key_valid(q, mask, bias)
     if valid is not False:  # global queries and keys inside the band kernel: no full-size copies
-        return band_attention(q, k, v, window=window, causal=causal, tile=b, scale=s, key_valid=valid,
-                              global_keys=gidx, global_queries=gidx, dropout_p=dropout_p)
+        return band_attention(q, k, v, window=window, causal=causal, tile=tile or default_tile(window, banded=True),
+                              scale=s, key_valid=valid, global_keys=gidx, global_queries=gidx, dropout_p=dropout_p)
+    b = tile or default_tile(window)
     plan = BlockPlan(b, window_table(T, b, window, causal), window, causal, gidx if gidx.shape[1] else None)
     out = block_sparse_attention(q, k, v, plan, scale=s, mask=mask, bias=bias, dropout_p=dropout_p)
     return global_rows(q, k, v, out, gidx, scale=s, causal=causal, mask=mask, bias=bias, dropout_p=dropout_p)

@@ -46,7 +46,8 @@ def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, *, window: int, ca
         mask: bool, True = may attend, broadcastable to (B, H, T, T) (padding: (B, 1, 1, T)).
         bias: float scores added before the softmax (ALiBi, T5), broadcastable to (B, H, T, T).
         dropout_p: dropout on the weights.
-        tile: block size of the computation (default `default_tile(window)`); no effect on results.
+        tile: block size of the computation (default `default_tile(window)`); no effect on results
+            beyond floating-point rounding.
 
     Returns:
         (B, H, T, Dh).
@@ -56,11 +57,11 @@ def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, *, window: int, ca
     """
     check_int("window", window, low=0)
     check_qkv(q, k, v)
-    b = tile or default_tile(window)
     valid = key_valid(q, mask, bias)
     if valid is not False:
-        return band_attention(q, k, v, window=window, causal=causal, tile=b, scale=default_scale(q, scale),
-                              key_valid=valid, dropout_p=dropout_p)
+        return band_attention(q, k, v, window=window, causal=causal, tile=tile or default_tile(window, banded=True),
+                              scale=default_scale(q, scale), key_valid=valid, dropout_p=dropout_p)
+    b = tile or default_tile(window)
     plan = BlockPlan(b, window_table(q.shape[2], b, window, causal), window, causal)
     return block_sparse_attention(q, k, v, plan, scale=default_scale(q, scale), mask=mask, bias=bias,
                                   dropout_p=dropout_p)

@@ -35,9 +35,17 @@ def check_int(name: str, value: object, *, low: int = 1) -> None:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
-def default_tile(window: int) -> int:
-    """The tile a window is computed in: 64, or smaller for narrow windows (fewer wasted scores
-    at the window's ragged edges)."""
+def default_tile(window: int, *, banded: bool = False) -> int:
+    """The tile a window is computed in: 64 in the block kernel, 32 in the banded one, or smaller
+    for narrow windows (fewer wasted scores at the window's ragged edges).
+
+    The banded kernel computes w + b scores per query for the w + 1 a window allows: at w = 256 a
+    tile of 32 wastes 11% of them instead of 20%, and forward + backward ran 10-17% faster (2
+    threads, 16k-64k tokens, windows 128-512). The block kernel gathers per tile and ran faster
+    with 64.
+    """
+    if banded:
+        return min(32, default_tile(window))
     return 64 if window >= 64 else max(8, 1 << max(0, math.ceil(math.log2(max(window, 1)))))
 
 
