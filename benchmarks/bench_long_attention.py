@@ -23,8 +23,8 @@ those runs (use this on a busy machine, with --threads 1). The dense peers (SDPA
 too slow to take turns: their ratios come from their own processes.
 
 --baseline REF: also time the sliding window as of git revision REF ("sliding_window@REF": the
-band kernel's file at REF, loaded beside today's), so that a change to the kernel is measured
-against its parent side by side, in turns in one process with --interleave.
+band kernel's file at REF, loaded beside today's, run at today's tile), so that a change to the
+kernel is measured against its parent side by side, in turns in one process with --interleave.
 
 The matrix-product floor (sliding window only): the banded kernel runs seven products per tile of
 b queries, each over the window's K = (ceil(w / b) + 1) b keys and the head dim (two forward: the
@@ -105,7 +105,8 @@ def _attention(kernel: str, T: int):
         return lambda q, k, v: sliding_window_attention(q, k, v, window=WINDOW, causal=True)
     if kernel.startswith("sliding_window@"):  # what sliding_window_attention calls here: the band kernel
         band = band_at(kernel.split("@", 1)[1])
-        return lambda q, k, v: band.band_attention(q, k, v, window=WINDOW, causal=True, tile=64, scale=DH**-0.5)
+        return lambda q, k, v: band.band_attention(q, k, v, window=WINDOW, causal=True, tile=band_tile(),
+                                                   scale=DH**-0.5)
     if kernel == "longformer":
         globals_ = torch.tensor([0, T // 2])
         return lambda q, k, v: longformer_attention(q, k, v, window=WINDOW, global_tokens=globals_, causal=True)
@@ -157,7 +158,7 @@ def measure_one(kernel: str, T: int, repeat: int, threads: int | None = None) ->
            "cpu_seconds_min": min(cpu), "runs": len(times), "peak_extra_mib": round(max(peaks) / 2**20, 1),
            "peak_extra_beyond_grads_mib": round((max(peaks) - grads) / 2**20, 1)}
     if kernel.startswith("sliding_window"):
-        tile = band_tile(kernel)
+        tile = band_tile()
         flops = band_flops(T, tile)
         peak = matmul_peak()
         row.update(tile=tile, matmul_flops=flops, matmul_peak_flops=round(peak),
@@ -166,12 +167,12 @@ def measure_one(kernel: str, T: int, repeat: int, threads: int | None = None) ->
     return row
 
 
-def band_tile(kernel: str) -> int:
-    """The tile the band kernel runs the window in: today's default, or the 64 that
-    `sliding_window@REF` passes."""
+def band_tile() -> int:
+    """The tile the band kernel runs the window in, today's and REF's alike (`sliding_window@REF`
+    measures a change to the kernel's file, not to the tile)."""
     from attnlab.nn.kernels.sparse import default_tile
 
-    return 64 if "@" in kernel else default_tile(WINDOW, banded=True)
+    return default_tile(WINDOW, banded=True)
 
 
 def band_flops(T: int, tile: int) -> int:

@@ -55,8 +55,7 @@ def test_the_floor_counts_the_band_kernels_products(bench, T, tile):
     assert bench.band_flops(T, tile) == counter.flops
 
 
-def test_the_tile_is_the_kernels_default_or_the_baselines_64(bench):
+def test_the_tile_is_the_kernels_default_for_today_and_the_baseline(bench):
     from attnlab.nn.kernels.sparse import default_tile
 
-    assert bench.band_tile("sliding_window") == default_tile(bench.WINDOW, banded=True) == 32
-    assert bench.band_tile("sliding_window@HEAD") == 64
+    assert bench.band_tile() == default_tile(bench.WINDOW, banded=True) == 32

@@ -36,6 +36,13 @@ weights that are then zeroed (never NaN).
 
 Only a key mask (B, T) or none, and no bias: other masks and biases take the general block
 kernel (`attnlab.nn.kernels.block_sparse`).
+
+In fp32 on the CPU, for the window alone (no global or random keys) and without dropout, the
+elementwise passes run fused in `attnlab.nn.native` (band.cpp): forward, the band's mask, the
+row maximum, exp2 and the sum in one op (`band_softmax_`); backward, P = exp2(s + mask) and
+dS = P (dP - delta) in one (`band_weights`, dP computed first). A backward chunk holding a query
+with no key (padding) takes the PyTorch passes, which zero its rows. Without the compiled ops
+(no compiler, `ATTNLAB_NATIVE=0`), the PyTorch passes everywhere; the two agree to fp32 rounding.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import math
 import torch
 from torch import Tensor
 
+from attnlab.nn import native
 from attnlab.nn.kernels.band_tiles import Chunk, Layout, Pitched, accumulate, padded_rows, put_rows, tile_rows
 
 # scores are kept in base 2 (q scaled by scale * log2 e): torch's exp2 is as fast on the masked
@@ -83,6 +91,7 @@ class BandAttention(torch.autograd.Function):
         B, H, T, Dh = q.shape
         lay = Layout(T, tile, side, window, causal, key_valid, q.dtype, _extra(gpos, rtab, tile))
         b, alpha = lay.b, scale * LOG2E
+        ops = _fused_ops(q, gpos, rtab, dropout_p)
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         # base-2 log-sum-exp of each query's scores, for the backward: in fp32 under bf16 / fp16 inputs
         work = torch.promote_types(q.dtype, torch.float32)
@@ -101,17 +110,20 @@ class BandAttention(torch.autograd.Function):
                         if ch.rpos is not None:
                             kr, vr = kx[ch.rpos], vx[ch.rpos]  # (c, R b, Dh)
                         qh = padded_rows(qx, s * b, e * b).view(c, b, Dh)
-                        parts = ch.scores(lay, qh, lay.windows(kx, s, e), kg, kr, alpha, sbuf[:c])
+                        parts = ch.scores(lay, qh, lay.windows(kx, s, e), kg, kr, alpha, sbuf[:c], band=ops is None)
                         m, z = top[s * b:e * b].view(c, b, 1), total[s * b:e * b].view(c, b, 1)
-                        torch.amax(parts[0], -1, keepdim=True, out=m)
-                        for x in parts[1:]:
-                            torch.maximum(m, x.amax(-1, keepdim=True), out=m)
-                        for i, x in enumerate(parts):
-                            x.sub_(m).exp2_()
-                            if i:
-                                z.add_(x.sum(-1, keepdim=True, dtype=work))
-                            else:
-                                torch.sum(x, -1, keepdim=True, dtype=work, out=z)
+                        if ops is not None:  # the band's mask, max, exp2 and sum in one pass
+                            ops.band_softmax_(parts[0], lay.band_bias, m, z)
+                        else:
+                            torch.amax(parts[0], -1, keepdim=True, out=m)
+                            for x in parts[1:]:
+                                torch.maximum(m, x.amax(-1, keepdim=True), out=m)
+                            for i, x in enumerate(parts):
+                                x.sub_(m).exp2_()
+                                if i:
+                                    z.add_(x.sum(-1, keepdim=True, dtype=work))
+                                else:
+                                    torch.sum(x, -1, keepdim=True, dtype=work, out=z)
                         keep = _chunk_keep(parts, dropout_p, seed + (bi * H + h) * 100_003 + ci)
                         if keep is not None:
                             parts = [x * kp for x, kp in zip(parts, keep)]
@@ -143,6 +155,7 @@ class BandAttention(torch.autograd.Function):
         lay = Layout(T, tile, side, window, causal, key_valid, q.dtype, _extra(gpos, rtab, tile))
         b, K, n, alpha = lay.b, lay.K, lay.n, scale * LOG2E
         fused = lse.dtype == q.dtype  # fp32 / fp64: - lse goes into the score product; bf16 / fp16: after it, in fp32
+        ops = _fused_ops(q, gpos, rtab, dropout_p)
         # each row of dk, dv gets its window product once: unless global or random keys add to them
         # too, that product is written, not added (no zero fill first)
         fresh = gpos is None and rtab is None and qrows is None
@@ -189,11 +202,19 @@ class BandAttention(torch.autograd.Function):
                     if ch.rpos is not None:
                         kr, vr = kx[ch.rpos], vx[ch.rpos]
                     shift = neg_lse[s * b:e * b].view(c, b, 1)
-                    parts = ch.scores(lay, qh, kwin, kg, kr, alpha, sbuf[:c], shift=shift if fused else None)
+                    fast = ops if mask is None else None  # no row to zero: P and dS in one fused pass
+                    parts = ch.scores(lay, qh, kwin, kg, kr, alpha, sbuf[:c], shift=shift if fused else None,
+                                      band=fast is None)
                     shift = None if fused else shift
                     keep = _chunk_keep(parts, dropout_p, seed + (bi * H + h) * 100_003 + ci)
                     pw, dsw = pbuf.by_query(c), dsbuf.by_query(c)
                     if keep is None:
+                        dps = [torch.baddbmm(nd.expand(c, b, K), doh, vwin, out=dpbuf[:c])]  # dP - delta
+                    else:  # under dropout, - delta comes after the keep
+                        dps = [torch.bmm(doh, vwin, out=dpbuf[:c]).mul_(keep[0]).add_(nd)]
+                    if fast is not None:  # P = exp2(s + band) and dS = P (dP - delta) in one pass
+                        fast.band_weights(parts[0], lay.band_bias, dps[0], pw, dsw)
+                    elif keep is None:
                         _weights(parts[0], shift, pw)  # the window's weights P
                     else:
                         torch.mul(_weights(parts[0], shift, parts[0]), keep[0], out=pw)  # P in parts[0], dropped in pw
@@ -210,10 +231,6 @@ class BandAttention(torch.autograd.Function):
                     if t1 > t0:  # the window gradient of v, by key tile
                         accumulate(dv[bi, h], (s - side + t0) * b, pbuf.by_key(t0, t1),
                                     lay.query_windows(gx, s, t0, t1), 1.0, kbuf, fresh)
-                    if keep is None:
-                        dps = [torch.baddbmm(nd.expand(c, b, K), doh, vwin, out=dpbuf[:c])]  # dP - delta
-                    else:  # under dropout, - delta comes after the keep
-                        dps = [torch.bmm(doh, vwin, out=dpbuf[:c]).mul_(keep[0]).add_(nd)]
                     if kg is not None:
                         g = kg.shape[0]
                         dvg.addmm_(pd[1].reshape(-1, g).t(), doh.reshape(-1, Dh))
@@ -221,7 +238,8 @@ class BandAttention(torch.autograd.Function):
                     if kr is not None:
                         dv[bi, h].index_add_(0, ch.rpos.flatten(), torch.bmm(pd[-1].transpose(1, 2), doh).flatten(0, 1))
                         dps.append(torch.bmm(doh, vr.transpose(1, 2)))
-                    torch.mul(pw if keep is None else parts[0], dps[0], out=dsw)  # dS / scale
+                    if fast is None:
+                        torch.mul(pw if keep is None else parts[0], dps[0], out=dsw)  # dS / scale
                     for i in range(1, len(parts)):
                         if keep is not None:
                             dps[i].mul_(keep[i])
@@ -249,6 +267,15 @@ class BandAttention(torch.autograd.Function):
                                          _row_keep(rows, T, dropout_p, seed, bi * H + h, q),
                                          dq[bi, h], dk[bi, h], dv[bi, h])
         return dq, dk, dv, None, None, None, None, None, None, None, None, None, None, None, None
+
+
+def _fused_ops(q: Tensor, gpos: Tensor | None, rtab: Tensor | None, dropout_p: float):
+    """`attnlab.nn.native`'s ops for the window's elementwise passes, where they apply: fp32 on
+    the CPU, the window alone (no global or random keys, whose scores share the softmax), no
+    dropout. None elsewhere, or where they are not built: the PyTorch passes."""
+    if q.dtype != torch.float32 or q.device.type != "cpu" or gpos is not None or rtab is not None or dropout_p:
+        return None
+    return native.kernels()
 
 
 def _weights(scores: Tensor, shift: Tensor | None, out: Tensor) -> Tensor:

@@ -130,15 +130,17 @@ class Chunk:
         self.rows = None if rows is None or bool(rows.all()) else rows[..., None].to(lay.band_bias.dtype)  # (c, b, 1)
 
     def scores(self, lay: Layout, qh: Tensor, kwin: Tensor, kg: Tensor | None, kr: Tensor | None, alpha: float,
-               out: Tensor, shift: Tensor | None = None) -> list[Tensor]:
+               out: Tensor, shift: Tensor | None = None, band: bool = True) -> list[Tensor]:
         """The masked scores alpha q . k [window (c, b, K), global (c, b, g), random (c, b, R b)] of
-        the queries qh (c, b, Dh), plus shift (c, b, 1) when given; the window part is written into out."""
+        the queries qh (c, b, Dh), plus shift (c, b, 1) when given; the window part is written into out.
+        band=False leaves the band's mask (`lay.band_bias`) out of the window part, for a fused
+        pass that adds it (`attnlab.nn.native`)."""
         c, b = self.c, lay.b
         if shift is None:
             window = out.baddbmm_(qh, kwin, beta=0, alpha=alpha)
         else:  # the shift is copied into out, then the product added to it: no pass of its own
             window = torch.baddbmm(shift.expand_as(out), qh, kwin, alpha=alpha, out=out)
-        parts = [lay.mask_band(window)]
+        parts = [lay.mask_band(window) if band else window]
         if self.key_bias is not None:
             window.add_(self.key_bias)
         if kg is not None:

@@ -1,10 +1,14 @@
 """Compiled CPU kernels where PyTorch has none fast enough, built on first use and cached.
 
-The one source so far, `weight_only.cpp`, holds the two products of weight-only decoding
-(`attnlab.decoding.quantize`): rows of activations against a matrix stored as int8 or bf16,
-reading each weight once and widening it in registers (AVX2 where the CPU has it, else plain
-C++), so that a decoding step streams 1 or 2 bytes per weight from memory instead of 4. Their
-output rows are split among torch's own intra-op threads. What each computes, kernel or not:
+Two sources, built into one library. `weight_only.cpp` holds the two products of weight-only
+decoding (`attnlab.decoding.quantize`): rows of activations against a matrix stored as int8 or
+bf16, reading each weight once and widening it in registers (AVX2 where the CPU has it, else
+plain C++), so that a decoding step streams 1 or 2 bytes per weight from memory instead of 4.
+`band.cpp` fuses the elementwise passes of the banded attention kernel
+(`attnlab.nn.kernels.band`; `band_softmax_`, `band_weights`, its docstring and the source say
+what they compute): each reads a chunk's scores once, where PyTorch would take one pass per
+operation. Output rows are split among torch's own intra-op threads. What the products compute,
+kernel or not:
 
     int8_rows(x, q, s, b):  y[n, o] = fp32(sum_k xq[n, k] q[o, k]) * sx[n] * s[o] + b[o]
         x (N, K) fp32, q (O, K) int8, s and b (O,) fp32; each row of x in int16,
@@ -17,14 +21,15 @@ Each fp32 operation rounds once (the compiler may not fuse a multiply and an add
 product of the kernel and of its reference are the same bits; bf16 agree up to the order of
 the fp32 sums.
 
-Building: the first process that needs them compiles the source with the machine's C++
-compiler (`$CXX`, else `c++`) against this torch's headers, once (about 15 s), into
-`$ATTNLAB_CACHE/native/<key>/` (default `~/.cache/attnlab`); the key hashes the source, the
+Building: the first process that needs them compiles the sources with the machine's C++
+compiler (`$CXX`, else `c++`) against this torch's headers, once (about 20 s), into
+`$ATTNLAB_CACHE/native/<key>/` (default `~/.cache/attnlab`); the key hashes the sources, the
 flags, the compiler and the torch version, so a new torch or a new source builds afresh. The
 library is written under a temporary name and renamed when complete, so an interrupted build
 leaves nothing that looks finished. With no compiler or a failed build, `kernels()` is None
-after one warning, and `int8_rows` / `bf16_rows` take the PyTorch references (slower; a GPU
-tensor takes them too); `ATTNLAB_NATIVE=0` chooses that without a warning.
+after one warning, and `int8_rows` / `bf16_rows` take the PyTorch references, the band kernel
+its PyTorch passes (slower; a GPU tensor takes them too); `ATTNLAB_NATIVE=0` chooses that
+without a warning.
 
     from attnlab.nn import native
     y = native.int8_rows(x, q, scale, bias)     # the kernel where it is built, else the reference
@@ -50,7 +55,7 @@ from torch import Tensor
 from attnlab.io.cache import cache_dir
 from attnlab.io.files import atomic_file
 
-SOURCE = Path(__file__).with_name("weight_only.cpp")
+SOURCES = (Path(__file__).with_name("weight_only.cpp"), Path(__file__).with_name("band.cpp"))
 _DISABLE = "ATTNLAB_NATIVE"  # "0": never build or load, take the references (no warning)
 
 
@@ -103,14 +108,14 @@ def _simd_flags() -> list[str]:
 
 
 def _command(compiler: list[str], output: Path) -> list[str]:
-    """The one compiler call that builds SOURCE into `output` against this torch."""
+    """The one compiler call that builds SOURCES into `output` against this torch."""
     from torch.utils import cpp_extension
 
     includes = [f"-I{p}" for p in cpp_extension.include_paths()]
     libraries = cpp_extension.library_paths()
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     return [*compiler, "-O3", "-ffp-contract=off", "-std=c++20", "-fPIC", "-shared", "-fopenmp",
-            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *_simd_flags(), *includes, str(SOURCE),
+            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *_simd_flags(), *includes, *map(str, SOURCES),
             *[f"-L{p}" for p in libraries], *[f"-Wl,-rpath,{p}" for p in libraries],
             "-ltorch", "-ltorch_cpu", "-lc10", "-o", str(output)]
 
@@ -127,13 +132,13 @@ def _build(compiler: list[str]) -> Path:
     """The compiled library, from the cache or built now; raises on a failed build. The library
     is written under a temporary name and renamed when whole (`atomic_file`, which also clears
     what a killed build left), so two processes building at once each leave a whole file."""
-    key_text = "\n".join([SOURCE.read_text(encoding="utf-8"), torch.__version__, sys.version,
+    key_text = "\n".join([*(p.read_text(encoding="utf-8") for p in SOURCES), torch.__version__, sys.version,
                           *_command(compiler, Path("out.so"))])
     key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
     library = cache_dir() / "native" / key / "attnlab_native.so"
     if library.is_file():
         return library
-    print(f"attnlab: compiling the native decoding kernels once (about 15 s) into {library.parent}",
+    print(f"attnlab: compiling the native kernels once (about 20 s) into {library.parent}",
           file=sys.stderr, flush=True)
     with atomic_file(library) as tmp:
         done = subprocess.run(_command(compiler, tmp), capture_output=True, text=True, check=False)
@@ -149,7 +154,8 @@ _ops = _UNSET  # what kernels() returns, once decided (read without the lock on 
 
 
 def kernels():
-    """`torch.ops.attnlab_native` (`int8_rows`, `bf16_rows`), built and loaded once per process;
+    """`torch.ops.attnlab_native` (`int8_rows`, `bf16_rows`, `band_softmax_`, `band_weights`, and
+    `exp2_`, the band ops' exp2 for the tests), built and loaded once per process;
     None where they cannot be (one warning saying why and what runs instead) or where
     `ATTNLAB_NATIVE=0`."""
     global _ops
@@ -176,9 +182,9 @@ def _load():
 
 
 def _fallback(why: str) -> None:
-    warnings.warn(f"attnlab's native decoding kernels are unavailable, {why}; int8/bf16 decoding weights take "
-                  f"the slower PyTorch path (install g++ to build them, or set {_DISABLE}=0 to silence this)",
+    warnings.warn(f"attnlab's native kernels are unavailable, {why}; int8/bf16 decoding weights and the "
+                  f"sliding-window kernels' elementwise passes take the slower PyTorch path (install g++ to build them, or set {_DISABLE}=0 to silence this)",
                   RuntimeWarning, stacklevel=4)
 
 
-__all__ = ["INT16_MAX", "SOURCE", "bf16_rows", "bf16_rows_reference", "int8_rows", "int8_rows_reference", "kernels"]
+__all__ = ["INT16_MAX", "SOURCES", "bf16_rows", "bf16_rows_reference", "int8_rows", "int8_rows_reference", "kernels"]
