@@ -132,3 +132,17 @@ def test_the_decoding_goals_read_a_later_recorded_run(goals):
     table = goals.table(rows)
     assert "| int8 weights, 355M: decoding step x fp32 | >= 3 | 2.4 | no |" in table
     assert "| int8 weights, 355M: a step's products, fraction of copy bandwidth | >= 0.8 | 0.71 | no |" in table
+
+
+def test_the_long_and_tokenizer_goals_read_a_later_recorded_run(goals):
+    """`goals.py --only long tokenizers` on the 2-core AMD EPYC (2026-12-06): every goal of the two
+    groups finds its value, and the recorded table is what the goals compute from the reports now."""
+    run = json.loads((BENCHMARKS / "results" / "goals-long-tokenizers-2026-12-06-epyc.json").read_text())
+    reports = {name: bench["report"] for name, bench in run["benchmarks"].items()}
+    chosen = [g for g in goals.GOALS if goals.BENCHES[g.bench][0] in ("long", "tokenizers")]
+    rows = [g.check(reports[g.bench]) for g in chosen]
+    assert all(r["value"] is not None for r in rows), [r["goal"] for r in rows if r["value"] is None]
+    assert rows == run["goals"]
+    window = reports["long"]["results"][0]
+    assert window["fraction_of_matmul_floor"] == round(window["matmul_floor_seconds"] / window["seconds"], 3)
+    assert "| encoding English (byte-level BPE): x tokenizers | >= 1 | 0.828 | no |" in goals.table(rows)
