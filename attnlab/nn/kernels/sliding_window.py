@@ -46,8 +46,9 @@ def sliding_window_attention(q: Tensor, k: Tensor, v: Tensor, *, window: int, ca
         mask: bool, True = may attend, broadcastable to (B, H, T, T) (padding: (B, 1, 1, T)).
         bias: float scores added before the softmax (ALiBi, T5), broadcastable to (B, H, T, T).
         dropout_p: dropout on the weights.
-        tile: block size of the computation (default `default_tile(window)`); no effect on results
-            beyond floating-point rounding.
+        tile: block size of the computation (default `default_tile(window, banded=True)`: 32 for
+            the banded kernel, 64 for the block one, smaller for narrow windows); no effect on
+            results beyond floating-point rounding.
 
     Returns:
         (B, H, T, Dh).

@@ -1,9 +1,10 @@
 """Compiled CPU kernels where PyTorch has none fast enough, built on first use and cached.
 
-Two sources, built into one library. `weight_only.cpp` holds the two products of weight-only
-decoding (`attnlab.decoding.quantize`): rows of activations against a matrix stored as int8 or
-bf16, reading each weight once and widening it in registers (AVX2 where the CPU has it, else
-plain C++), so that a decoding step streams 1 or 2 bytes per weight from memory instead of 4.
+Two sources, built together into one library (`kernels.cpp` includes both). `weight_only.cpp`
+holds the two products of weight-only decoding (`attnlab.decoding.quantize`): rows of
+activations against a matrix stored as int8 or bf16, reading each weight once and widening it in
+registers (AVX2 where the CPU has it, else plain C++), so that a decoding step streams 1 or 2
+bytes per weight from memory instead of 4.
 `band.cpp` fuses the elementwise passes of the banded attention kernel
 (`attnlab.nn.kernels.band`; `band_softmax_`, `band_weights`, its docstring and the source say
 what they compute): each reads a chunk's scores once, where PyTorch would take one pass per
@@ -22,7 +23,7 @@ product of the kernel and of its reference are the same bits; bf16 agree up to t
 the fp32 sums.
 
 Building: the first process that needs them compiles the sources with the machine's C++
-compiler (`$CXX`, else `c++`) against this torch's headers, once (about 20 s), into
+compiler (`$CXX`, else `c++`) against this torch's headers, once (about 15 s), into
 `$ATTNLAB_CACHE/native/<key>/` (default `~/.cache/attnlab`); the key hashes the sources, the
 flags, the compiler and the torch version, so a new torch or a new source builds afresh. The
 library is written under a temporary name and renamed when complete, so an interrupted build
@@ -56,6 +57,7 @@ from attnlab.io.cache import cache_dir
 from attnlab.io.files import atomic_file
 
 SOURCES = (Path(__file__).with_name("weight_only.cpp"), Path(__file__).with_name("band.cpp"))
+UNIT = Path(__file__).with_name("kernels.cpp")  # includes SOURCES: torch's headers parsed once
 _DISABLE = "ATTNLAB_NATIVE"  # "0": never build or load, take the references (no warning)
 
 
@@ -108,14 +110,14 @@ def _simd_flags() -> list[str]:
 
 
 def _command(compiler: list[str], output: Path) -> list[str]:
-    """The one compiler call that builds SOURCES into `output` against this torch."""
+    """The one compiler call that builds SOURCES (through UNIT) into `output` against this torch."""
     from torch.utils import cpp_extension
 
     includes = [f"-I{p}" for p in cpp_extension.include_paths()]
     libraries = cpp_extension.library_paths()
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     return [*compiler, "-O3", "-ffp-contract=off", "-std=c++20", "-fPIC", "-shared", "-fopenmp",
-            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *_simd_flags(), *includes, *map(str, SOURCES),
+            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *_simd_flags(), *includes, str(UNIT),
             *[f"-L{p}" for p in libraries], *[f"-Wl,-rpath,{p}" for p in libraries],
             "-ltorch", "-ltorch_cpu", "-lc10", "-o", str(output)]
 
@@ -132,13 +134,13 @@ def _build(compiler: list[str]) -> Path:
     """The compiled library, from the cache or built now; raises on a failed build. The library
     is written under a temporary name and renamed when whole (`atomic_file`, which also clears
     what a killed build left), so two processes building at once each leave a whole file."""
-    key_text = "\n".join([*(p.read_text(encoding="utf-8") for p in SOURCES), torch.__version__, sys.version,
-                          *_command(compiler, Path("out.so"))])
+    sources = [p.read_text(encoding="utf-8") for p in (UNIT, *SOURCES)]
+    key_text = "\n".join([*sources, torch.__version__, sys.version, *_command(compiler, Path("out.so"))])
     key = hashlib.sha256(key_text.encode()).hexdigest()[:16]
     library = cache_dir() / "native" / key / "attnlab_native.so"
     if library.is_file():
         return library
-    print(f"attnlab: compiling the native kernels once (about 20 s) into {library.parent}",
+    print(f"attnlab: compiling the native kernels once (about 15 s) into {library.parent}",
           file=sys.stderr, flush=True)
     with atomic_file(library) as tmp:
         done = subprocess.run(_command(compiler, tmp), capture_output=True, text=True, check=False)
@@ -183,8 +185,9 @@ def _load():
 
 def _fallback(why: str) -> None:
     warnings.warn(f"attnlab's native kernels are unavailable, {why}; int8/bf16 decoding weights and the "
-                  f"sliding-window kernels' elementwise passes take the slower PyTorch path (install g++ to build them, or set {_DISABLE}=0 to silence this)",
-                  RuntimeWarning, stacklevel=4)
+                  "sliding-window kernels' elementwise passes take the slower PyTorch path (install g++ to build "
+                  f"them, or set {_DISABLE}=0 to silence this)", RuntimeWarning, stacklevel=4)
 
 
-__all__ = ["INT16_MAX", "SOURCES", "bf16_rows", "bf16_rows_reference", "int8_rows", "int8_rows_reference", "kernels"]
+__all__ = ["INT16_MAX", "SOURCES", "UNIT", "bf16_rows", "bf16_rows_reference", "int8_rows", "int8_rows_reference",
+           "kernels"]
