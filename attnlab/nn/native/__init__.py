@@ -56,8 +56,8 @@ from torch import Tensor
 from attnlab.io.cache import cache_dir
 from attnlab.io.files import atomic_file
 
-SOURCES = (Path(__file__).with_name("weight_only.cpp"), Path(__file__).with_name("band.cpp"))
-UNIT = Path(__file__).with_name("kernels.cpp")  # includes SOURCES: torch's headers parsed once
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("weight_only.cpp", "band.cpp", "simd.h"))
+UNIT = Path(__file__).with_name("kernels.cpp")  # includes the sources: torch's headers parsed once
 _DISABLE = "ATTNLAB_NATIVE"  # "0": never build or load, take the references (no warning)
 
 

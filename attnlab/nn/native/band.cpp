@@ -26,10 +26,7 @@
 #include <cstring>
 #include <limits>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define ATTNLAB_AVX2 1
-#endif
+#include "simd.h"
 
 namespace {
 
@@ -71,13 +68,6 @@ inline __m256 exp2_8(__m256 x) {
   return _mm256_andnot_ps(below, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
 }
 
-inline float sum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 inline float max8(__m256 v) {
   __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_max_ps(s, _mm_movehl_ps(s, s));
@@ -105,7 +95,7 @@ float softmax_row(float* s, const float* bias, int64_t K, float& top) {
     _mm256_storeu_ps(s + k, e);
     vz = _mm256_add_ps(vz, e);
   }
-  total = sum8(vz);
+  total = sum_lanes(vz);
 #endif
   for (; k < K; ++k) {
     s[k] = exp2_one((s[k] + bias[k]) - m);
@@ -179,11 +169,13 @@ void band_weights(const at::Tensor& s, const at::Tensor& bias, const at::Tensor&
   check_bias(bias, b, K);
   const float *sp = s.data_ptr<float>(), *bp = bias.data_ptr<float>(), *dpp = dp.data_ptr<float>();
   float *pp = p.data_ptr<float>(), *dsp = ds.data_ptr<float>();
+  // element (i, r, 0) of each, by its own strides
+  auto offset = [](const at::Tensor& x, int64_t i, int64_t r) { return i * x.stride(0) + r * x.stride(1); };
   at::parallel_for(0, c * b, kGrainRows, [&](int64_t lo, int64_t hi) {
     for (int64_t row = lo; row < hi; ++row) {
       const int64_t i = row / b, r = row % b;
-      weights_row(sp + i * s.stride(0) + r * s.stride(1), bp + r * K, dpp + i * dp.stride(0) + r * dp.stride(1),
-                  pp + i * p.stride(0) + r * p.stride(1), dsp + i * ds.stride(0) + r * ds.stride(1), K);
+      weights_row(sp + offset(s, i, r), bp + r * K, dpp + offset(dp, i, r), pp + offset(p, i, r), dsp + offset(ds, i, r),
+                  K);
     }
   });
 }

@@ -25,10 +25,7 @@
 #include <optional>
 #include <vector>
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define ATTNLAB_AVX2 1
-#endif
+#include "simd.h"
 
 namespace {
 
@@ -181,15 +178,6 @@ at::Tensor int8_rows(const at::Tensor& x, const at::Tensor& q, const at::Tensor&
 }
 
 // ---------------------------------------------------------------- bf16 weights
-
-#ifdef ATTNLAB_AVX2
-inline float sum_lanes(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-#endif
 
 // The bf16 loop reads 16 weights as 8 32-bit words: a word's low half is an even column's weight
 // and its high half the next odd column's, and each becomes an fp32 in one instruction (shift
